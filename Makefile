@@ -1,0 +1,31 @@
+# Two commands do all the set-up on a fresh machine (see README.md):
+#   make audit   the main job: a forensic audit of the reference decoder on the built-in models
+#   make test    the harness's own tests and the conformance suite, on all cores
+# Both create .venv on first use. torch is pinned first: an unpinned torch pulls a CUDA build.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: audit test lint clean
+
+$(BIN)/specaudit: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+audit: $(BIN)/specaudit
+	$(BIN)/specaudit audit
+
+test: $(BIN)/specaudit
+	$(BIN)/pytest tests/ properties/ -n auto
+
+lint: $(BIN)/specaudit
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .hypothesis *.egg-info

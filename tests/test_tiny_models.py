@@ -1,0 +1,277 @@
+"""The tiny real-architecture fixtures: deterministic, draft smaller than target, and batch == single."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from fixtures import VOCAB_SIZE, tiny
+from fixtures.tiny import ARCHS, build_tiny
+from harness.compat import cache_length, call_model
+
+ATOL = 1e-9
+PROMPT_LENGTHS = (5, 2, 7)  # left padding: rows 0 and 1 are padded, row 2 is not
+PAD_ID = 0
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _uncached(arch: str, role: str, seed: int, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+    """A freshly built model, bypassing the lru_cache (which would make determinism trivial)."""
+    return tiny._build.__wrapped__(arch, role, seed, dtype)
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _param_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # tied weights counted once
+
+
+def _prompts(seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB_SIZE, (n,), generator=g) for n in PROMPT_LENGTHS]
+
+
+def _left_pad(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = p
+        mask[i, width - len(p) :] = 1
+    return ids, mask  # [B, T], [B, T]
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _single(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Last-position logits [V] of one unpadded sequence, batch size 1, fresh cache."""
+    ids = tokens[None]
+    logits, _ = call_model(
+        model, ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None], transformers.DynamicCache()
+    )
+    return logits[0, -1]
+
+
+def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_build_is_deterministic(arch: str) -> None:
+    """Two builds with the same arguments have identical weights."""
+    for role in tiny.ROLES:
+        assert _same_weights(_uncached(arch, role, 3), _uncached(arch, role, 3)), (arch, role)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_seed_changes_weights(arch: str) -> None:
+    """Different seeds give different weights."""
+    for role in tiny.ROLES:
+        assert not _same_weights(_uncached(arch, role, 0), _uncached(arch, role, 1)), (arch, role)
+
+
+def test_build_leaves_global_rng_alone() -> None:
+    """Building a model does not change the global CPU RNG state."""
+    before = torch.random.get_rng_state()
+    for arch in ARCHS:
+        for role in tiny.ROLES:
+            _uncached(arch, role, 11)
+    after = torch.random.get_rng_state()
+    assert torch.equal(before, after), "building a tiny model advanced the global RNG"
+
+
+def test_weights_do_not_depend_on_hash_seed() -> None:
+    """The seed derivation is stable across processes (it must not use the salted builtin hash())."""
+    code = (
+        "import torch\n"
+        "from fixtures.tiny import build_tiny\n"
+        "print(repr(sum(p.sum().item() for p in build_tiny('llama', seed=5).parameters())))\n"
+    )
+    hash_seed = "54321" if os.environ.get("PYTHONHASHSEED") == "12345" else "12345"
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    here = sum(p.sum().item() for p in build_tiny("llama", seed=5).parameters())
+    assert float(out.stdout.strip().splitlines()[-1]) == here
+
+
+def test_build_is_cached() -> None:
+    """The same arguments return the same (shared) model object."""
+    assert build_tiny("llama") is build_tiny("llama", "target", seed=0, dtype=torch.float64)
+
+
+def test_unknown_arch_or_role_is_rejected() -> None:
+    """Unknown architectures, roles and non-float dtypes raise ValueError naming the choices."""
+    with pytest.raises(ValueError, match="unknown tiny architecture 'mamba'"):
+        build_tiny("mamba")
+    with pytest.raises(ValueError, match="unknown role 'verifier'"):
+        build_tiny("llama", "verifier")
+    with pytest.raises(ValueError, match="floating point"):
+        build_tiny("llama", dtype=torch.int64)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_draft_is_smaller_than_target(arch: str) -> None:
+    """The draft has fewer parameters and fewer layers than the target."""
+    target, draft = build_tiny(arch, "target"), build_tiny(arch, "draft")
+    assert _param_count(draft) < _param_count(target)
+    assert draft.config.num_hidden_layers < target.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_draft_is_the_targets_first_layer(arch: str) -> None:
+    """Every draft tensor equals the target tensor of the same name."""
+    target_state = build_tiny(arch, "target").state_dict()
+    for name, tensor in build_tiny(arch, "draft").state_dict().items():
+        assert torch.equal(tensor, target_state[name]), name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_draft_agrees_with_target_sometimes(arch: str) -> None:
+    """The draft's greedy token matches the target's often but not always (so acceptance is ragged)."""
+    target, draft = build_tiny(arch, "target"), build_tiny(arch, "draft")
+    ids = torch.randint(0, VOCAB_SIZE, (16, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        agree = target(input_ids=ids).logits.argmax(-1) == draft(input_ids=ids).logits.argmax(-1)
+    assert 0.2 <= agree.double().mean().item() <= 0.8
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_config_shape(arch: str, dtype: torch.dtype) -> None:
+    """Shared vocabulary, no special token ids, eager attention, eval mode, frozen, the requested dtype."""
+    for role in tiny.ROLES:
+        model = build_tiny(arch, role, dtype=dtype)
+        cfg = model.config
+        assert cfg.vocab_size == VOCAB_SIZE
+        assert model.get_output_embeddings().weight.shape[0] == VOCAB_SIZE
+        assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) == (None, None, None)
+        gen = model.generation_config
+        assert (gen.bos_token_id, gen.eos_token_id, gen.pad_token_id) == (None, None, None)
+        exact = dtype == torch.float64 and arch != "gpt2"
+        assert cfg._attn_implementation == (tiny.EXACT_EAGER if exact else "eager")
+        assert not model.training
+        assert not any(p.requires_grad for p in model.parameters())
+        assert {p.dtype for p in model.parameters()} == {dtype}
+        assert cfg.max_position_embeddings >= 512
+        if arch in ("llama", "qwen3"):
+            assert cfg.num_key_value_heads < cfg.num_attention_heads  # GQA
+        if arch == "qwen3":
+            assert cfg.head_dim != cfg.hidden_size // cfg.num_attention_heads
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_exact_eager_is_hf_eager(arch: str) -> None:
+    """The float64 attention variant is HF's eager attention: bit for bit in float32, to 1e-4 in float64."""
+    ids = torch.randint(0, VOCAB_SIZE, (2, 9), generator=torch.Generator().manual_seed(4))
+    for dtype, atol in ((torch.float32, 0.0), (torch.float64, 1e-4)):
+        ours, hf = _uncached(arch, "target", 0, dtype), _uncached(arch, "target", 0, dtype)
+        ours.config._attn_implementation = tiny.EXACT_EAGER
+        hf.config._attn_implementation = "eager"
+        with torch.no_grad():
+            a, b = ours(input_ids=ids).logits, hf(input_ids=ids).logits
+        assert torch.allclose(a, b, rtol=0, atol=atol), f"{dtype}: got max |diff| {_diff(a, b):.3g}"
+        assert not torch.equal(a, b) or dtype == torch.float32  # float64 really changed the softmax
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_padded_batch_matches_single_sequences(arch: str) -> None:
+    """Left-padded prefill plus one cached decode step gives each row its batch-size-1 logits (float64)."""
+    model = build_tiny(arch)
+    prompts = _prompts(seed=1)
+    ids, mask = _left_pad(prompts)  # [B, T]
+    positions = _positions(mask)
+    with torch.no_grad():
+        logits, cache = call_model(model, ids, mask, positions, transformers.DynamicCache())  # [B, T, V]
+        assert cache_length(cache) == ids.shape[1]
+        nxt = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+        mask2 = torch.cat([mask, torch.ones_like(nxt)], dim=1)  # [B, T + 1]
+        logits2, cache = call_model(model, nxt, mask2, positions[:, -1:] + 1, cache)  # [B, 1, V]
+        assert cache_length(cache) == ids.shape[1] + 1
+        for row, prompt in enumerate(prompts):
+            alone = _single(model, prompt)
+            alone2 = _single(model, torch.cat([prompt, nxt[row]]))
+            for step, got, want in (("prefill", logits, alone), ("decode", logits2, alone2)):
+                diff = _diff(got[row, -1], want)
+                assert torch.allclose(got[row, -1], want, rtol=0, atol=ATOL), (
+                    f"row {row} {step}: got max |diff| {diff:.3g}, but should be <= {ATOL}"
+                )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cache_is_a_dynamic_cache_updated_in_place(arch: str) -> None:
+    """The cache passed in comes back as the same DynamicCache, grown by the call's tokens."""
+    for role in tiny.ROLES:
+        model = build_tiny(arch, role)
+        ids = torch.arange(5)[None]
+        cache = transformers.DynamicCache()
+        with torch.no_grad():
+            _, out = call_model(model, ids, torch.ones_like(ids), torch.arange(5)[None], cache)
+            assert out is cache and cache_length(cache) == 5
+            _, out = call_model(
+                model, ids[:, :2], torch.ones(1, 7, dtype=torch.long), torch.arange(5, 7)[None], cache
+            )
+        assert out is cache and cache_length(cache) == 7
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padded_batch_is_finite_in_low_precision(arch: str, dtype: torch.dtype) -> None:
+    """Left-padded float32/bfloat16 batches stay finite, and float32 matches batch size 1 to 1e-4."""
+    model = build_tiny(arch, dtype=dtype)
+    prompts = _prompts(seed=1)
+    ids, mask = _left_pad(prompts)
+    with torch.no_grad():
+        logits, _ = call_model(model, ids, mask, _positions(mask), transformers.DynamicCache())
+        assert torch.isfinite(logits[:, -1]).all()
+        if dtype == torch.float32:
+            for row, prompt in enumerate(prompts):
+                diff = _diff(logits[row, -1], _single(model, prompt))
+                assert diff < 1e-4, f"row {row}: got max |diff| {diff:.3g}, but should be < 1e-4"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_missing_position_ids_change_padded_rows(arch: str) -> None:
+    """Negative control: without position_ids a left-padded row's logits differ from its batch-size-1 ones."""
+    model = build_tiny(arch)
+    prompts = _prompts(seed=1)
+    ids, mask = _left_pad(prompts)
+    with torch.no_grad():
+        logits, _ = call_model(model, ids, mask, None, transformers.DynamicCache())
+        diff = _diff(logits[1, -1], _single(model, prompts[1]))  # row 1 carries 5 pads
+    if arch == "gpt2":  # learned absolute positions: a shifted row is a different input
+        assert diff > 1e-3, f"got max |diff| {diff:.3g}, but should be > 1e-3"
+    else:
+        # RoPE scores depend on position differences only, so shifting a whole row moves the
+        # logits by the float32 rounding of the rotary angles alone: visible at float64, but
+        # a RoPE model exposes missing position ids only once a row's shift varies (a gap).
+        assert ATOL < diff < 1e-4, f"got max |diff| {diff:.3g}, but should be in ({ATOL}, 1e-4)"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_position_gap_needs_position_ids(arch: str) -> None:
+    """A masked slot inside a row (a kept, rejected draft) is harmless with position_ids and not without."""
+    model = build_tiny(arch)
+    prompt = _prompts(seed=2)[2]  # 7 tokens
+    junk = torch.tensor([VOCAB_SIZE - 1])
+    ids = torch.cat([prompt[:4], junk, prompt[4:]])[None]  # [1, 8]
+    mask = torch.ones_like(ids)
+    mask[0, 4] = 0
+    with torch.no_grad():
+        alone = _single(model, prompt)
+        fixed, _ = call_model(model, ids, mask, _positions(mask), transformers.DynamicCache())
+        broken, _ = call_model(model, ids, mask, None, transformers.DynamicCache())
+    assert _diff(fixed[0, -1], alone) <= ATOL
+    assert _diff(broken[0, -1], alone) > 1e-3
