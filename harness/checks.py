@@ -98,7 +98,11 @@ def i1_call_violations(call: CallRecord) -> list[Violation]:
     if mask is None:
         return v
     if tuple(mask.shape) != (batch, past + width):
-        bad("mask-shape", f"attention_mask of shape {tuple(mask.shape)}", f"[{batch}, {past + width}] (P={past} + T={width})")
+        bad(
+            "mask-shape",
+            f"attention_mask of shape {tuple(mask.shape)}",
+            f"[{batch}, {past + width}] (P={past} + T={width})",
+        )
         return v
     if not bool(((mask == 0) | (mask == 1)).all()):
         bad("mask-values", "attention_mask values other than 0 and 1", "a 0/1 mask")
@@ -127,6 +131,7 @@ class RowView:
     past: int  # attended past slots
     consistent: bool  # past slots hold the request's tokens at positions 0..past-1
     stream: tuple[int, ...]  # attended tokens in order, past then current (drafts included)
+    slots: tuple[int, ...]  # the cache slot of each stream entry
 
 
 class SlotReader:
@@ -204,12 +209,15 @@ def _row_views(run: Run) -> tuple[list[RowView], list[Violation]]:
         if call.input_ids is None or call.input_ids.dim() != 2:
             continue
         if call.past_length and not call.cache_after:
-            violations.append(Violation("I2", "cache-readable", "a target call whose output has no cache", "a cache", call.index))
+            violations.append(
+                Violation("I2", "cache-readable", "a target call whose output has no cache", "a cache", call.index)
+            )
             continue
         batch, width = call.input_ids.shape
         past = call.past_length
         mask = fit_mask(call.attention_mask, batch, past + width)  # what the model applied
         positions = implied_positions(call, batch, width)
+        used: set[int] = set()  # duplicate prompts: give each batch row its own request
         for row in range(batch):
             attended = mask[row].nonzero()[:, 0].tolist()
             past_slots = [s for s in attended if s < past]
@@ -221,11 +229,12 @@ def _row_views(run: Run) -> tuple[list[RowView], list[Violation]]:
                 whole = matched == min(len(past_slots), len(sequence))
                 extra = _lcp(current_tokens, sequence[len(past_slots) :]) if whole else 0
                 prompt_fits = len(run.case.prompts[r]) <= len(past_slots) + len(current_tokens)
-                score = (matched + extra, prompt_fits, len(run.case.prompts[r]) if prompt_fits else 0)
+                score = (matched + extra, prompt_fits, len(run.case.prompts[r]) if prompt_fits else 0, r not in used)
                 if best is None or score > best[0]:
                     best = (score, r, matched, whole)
             assert best is not None
             _, r, matched, whole = best
+            used.add(r)
             sequence = reader.sequences[r]
             if not whole:
                 slot = past_slots[matched]
@@ -245,7 +254,7 @@ def _row_views(run: Run) -> tuple[list[RowView], list[Violation]]:
                 stream = tuple(int(tokens[0, s]) for s in attended)
             else:
                 stream = sequence[: len(past_slots)] + tuple(current_tokens)
-            views.append(RowView(call.index, row, r, len(past_slots), whole, stream))
+            views.append(RowView(call.index, row, r, len(past_slots), whole, stream, tuple(attended)))
     return views, violations
 
 
@@ -290,27 +299,6 @@ class Equivalence:
     def partial_match(self) -> float:
         return sum(r.partial for r in self.rows) / max(len(self.rows), 1)
 
-    def violations(self) -> list[Violation]:
-        out = []
-        for r in self.rows:
-            if r.exact:
-                continue
-            i = r.first_divergence
-            assert i is not None
-            found = f"token {r.found[i]}" if i < len(r.found) else f"the output ending ({r.found_stop}) after {len(r.found)} tokens"
-            expected = f"token {r.expected[i]}" if i < len(r.expected) else f"the output ending ({r.expected_stop})"
-            out.append(
-                Violation(
-                    "equivalence",
-                    "first-divergence",
-                    f"{found} at index {i} (partial match {r.partial:.2f})",
-                    f"{expected} at index {i} like the batch-size-1 oracle",
-                    row=r.row,
-                    request=r.row,
-                )
-            )
-        return out
-
 
 def stop_reason(tokens: list[int] | tuple[int, ...], max_new_tokens: int, eos: int | None) -> str:
     if tokens and eos is not None and tokens[-1] == eos:
@@ -330,10 +318,54 @@ def equivalence(run: Run) -> Equivalence:
     return Equivalence(tuple(rows))
 
 
+def locate(run: Run, request: int, index: int) -> tuple[int | None, RowView | None]:
+    """Where generated token `index` of `request` came from.
+
+    Returns the target call that decided it (the last call before the token sits in the
+    cache, not counting a call that merely feeds it back as the pending token) and the first
+    view that holds it in the cache (or, for a last token, the last view that attends it).
+    """
+    views = [v for v in row_views(run)[0] if v.request == request]
+    at = len(run.case.prompts[request]) + index
+    cached = next((v for v in views if v.past > at), None)
+    before = [v for v in views if cached is None or v.call < cached.call]
+    deciders = [v.call for v in before if v.past != at]
+    holder = cached or next((v for v in reversed(views) if len(v.stream) > at), None)
+    return (deciders[-1] if deciders else None), holder
+
+
 def check_equivalence(run: Run) -> list[Violation]:
+    """One violation per diverging row, placed at the target call that decided the first wrong
+    token and the slot where that token then enters the cache."""
     if run.outputs is None:
         return check_contract(run)
-    return equivalence(run).violations()
+    out = []
+    for r in equivalence(run).rows:
+        if r.exact:
+            continue
+        i = r.first_divergence
+        assert i is not None
+        if i < len(r.found):
+            found = f"token {r.found[i]} at index {i}"
+        else:
+            found = f"the output ending ({r.found_stop}) after {len(r.found)} tokens"
+        expected = f"token {r.expected[i]}" if i < len(r.expected) else f"the output ending ({r.expected_stop})"
+        decided, holder = locate(run, r.row, i) if i < len(r.found) else (None, None)
+        if holder is not None and holder.call != decided:
+            found += f" (the cache holds it from target call {holder.call})"
+        out.append(
+            Violation(
+                "equivalence",
+                "first-divergence",
+                f"{found} (partial match {r.partial:.2f})",
+                f"{expected} at index {i} like the batch-size-1 oracle",
+                call=decided,
+                row=holder.row if holder is not None else None,
+                slot=holder.slots[len(run.case.prompts[r.row]) + i] if holder is not None else None,
+                request=r.row,
+            )
+        )
+    return out
 
 
 # ---------------------------------------------------------------------------------------

@@ -133,7 +133,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
             load_decoder(spec)
         except DecoderLoadError as exc:
             return usage_error(str(exc))
-    print(f"specaudit audit: {len(specs)} decoder(s) x {len(models)} model(s), {args.examples} cases each, seed {args.seed}")
+    print(
+        f"specaudit audit: {len(specs)} decoder(s) x {len(models)} model(s), "
+        f"{args.examples} cases each, seed {args.seed}"
+    )
     verdicts = []
     for spec in specs:
         for model in models:

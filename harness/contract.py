@@ -137,14 +137,18 @@ def validate_output(out: Any, batch: int, max_new_tokens: int, eos_token_id: int
     if isinstance(out, torch.Tensor) or not isinstance(out, (list, tuple)):
         raise ContractError("returns-lists", f"got {type(out).__name__}, but should be a list of {batch} lists of int")
     if len(out) != batch:
-        raise ContractError("one-list-per-row", f"got {len(out)} rows, but should be {batch} (one per input row, in order)")
+        raise ContractError(
+            "one-list-per-row", f"got {len(out)} rows, but should be {batch} (one per input row, in order)"
+        )
     rows: list[list[int]] = []
     for r, row in enumerate(out):
         if isinstance(row, torch.Tensor) or not isinstance(row, (list, tuple)):
             raise ContractError("returns-lists", f"row {r} is a {type(row).__name__}, but should be a list of int")
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
             bad = next(t for t in row if not isinstance(t, int) or isinstance(t, bool))
-            raise ContractError("returns-lists", f"row {r} holds {type(bad).__name__} {bad!r}, but should hold int token ids")
+            raise ContractError(
+                "returns-lists", f"row {r} holds {type(bad).__name__} {bad!r}, but should hold int token ids"
+            )
         if len(row) > max_new_tokens:
             raise ContractError("max-new-tokens", f"row {r} has {len(row)} new tokens, but at most {max_new_tokens}")
         if eos_token_id is not None and eos_token_id in row[:-1]:

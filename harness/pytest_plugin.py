@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-DEFAULT_DECODERS = ("reference.eqspec:EqSpec",)
+DEFAULT_DECODERS = ("reference.eqspec:EqSpec", "reference.exspec:ExSpec", "reference.lazy:LazySpec")
 DEFAULT_MODELS = ("transparent", "llama", "qwen3", "gpt2")
 
 

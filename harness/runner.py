@@ -31,6 +31,7 @@ class Run:
     recording: Recording
     target: torch.nn.Module
     seconds: float
+    instance: Any = None  # the decoder object, for its declared capabilities (e.g. max_wait_calls)
     memo: dict[str, Any] = field(default_factory=dict)  # derived views, computed once per run
 
 
@@ -86,7 +87,7 @@ def run_case(decoder_spec: str, case: Case, *, factory: Any = None, timeout_s: f
         except ContractError as exc:
             error = exc
     seconds = time.perf_counter() - start
-    return Run(case, decoder_spec, outputs, error, oracle, scripts, recording, target, seconds)
+    return Run(case, decoder_spec, outputs, error, oracle, scripts, recording, target, seconds, decoder)
 
 
 _RUNS: OrderedDict[tuple[str, Case], Run] = OrderedDict()

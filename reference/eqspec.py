@@ -50,6 +50,7 @@ class EqSpec:
     """Reference EQSPEC decoder (greedy)."""
 
     name = "EQSPEC"
+    max_wait_calls = 0  # every unfinished row is in every target call
 
     @torch.no_grad()
     def generate(

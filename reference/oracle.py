@@ -54,9 +54,9 @@ def greedy_oracle(
         logits, cache = call_model(target, torch.tensor([[token]]), mask, torch.tensor([[length - 1]]), cache)
 
 
-def truncate(continuation: tuple[int, ...], *, max_new_tokens: int, eos_token_id: int | None) -> tuple[
-    tuple[int, ...], StopReason
-]:
+def truncate(
+    continuation: tuple[int, ...], *, max_new_tokens: int, eos_token_id: int | None
+) -> tuple[tuple[int, ...], StopReason]:
     """The oracle's output from a longer EOS-blind continuation: same tokens, same stop."""
     out = continuation[:max_new_tokens]
     if eos_token_id is not None and eos_token_id in out:

@@ -100,9 +100,7 @@ def test_weights_do_not_depend_on_hash_seed() -> None:
     )
     hash_seed = "54321" if os.environ.get("PYTHONHASHSEED") == "12345" else "12345"
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO)}
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     here = sum(p.sum().item() for p in build_tiny("llama", seed=5).parameters())
     assert float(out.stdout.strip().splitlines()[-1]) == here
 
@@ -220,9 +218,7 @@ def test_cache_is_a_dynamic_cache_updated_in_place(arch: str) -> None:
         with torch.no_grad():
             _, out = call_model(model, ids, torch.ones_like(ids), torch.arange(5)[None], cache)
             assert out is cache and cache_length(cache) == 5
-            _, out = call_model(
-                model, ids[:, :2], torch.ones(1, 7, dtype=torch.long), torch.arange(5, 7)[None], cache
-            )
+            _, out = call_model(model, ids[:, :2], torch.ones(1, 7, dtype=torch.long), torch.arange(5, 7)[None], cache)
         assert out is cache and cache_length(cache) == 7
 
 

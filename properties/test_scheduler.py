@@ -1,0 +1,41 @@
+"""Scheduler properties, run for every decoder under test: liveness, grouped batches need no
+realignment, and results do not depend on the order of requests in the pool."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.checks import check_contract, explain
+from harness.runner import cached_run
+from harness.scheduling import check_grouped_no_realignment, check_liveness, check_order_independence, permuted
+from harness.strategies import cases
+
+pytestmark = pytest.mark.specaudit
+
+
+@given(data=st.data())
+def test_liveness(decoder_spec: str, model: str, data: st.DataObject) -> None:
+    """Every request finishes, and none waits more target calls than the decoder's max_wait_calls."""
+    run = cached_run(decoder_spec, data.draw(cases(model), label="case"))
+    violations = check_contract(run) or check_liveness(run, getattr(run.instance, "max_wait_calls", None))
+    assert not violations, explain(run, violations)
+
+
+@given(data=st.data())
+def test_grouped_batches_need_no_realignment(decoder_spec: str, model: str, data: st.DataObject) -> None:
+    """Between two grouped (pad-free) target calls of a request, its cache slots do not move."""
+    run = cached_run(decoder_spec, data.draw(cases(model), label="case"))
+    violations = check_contract(run) or check_grouped_no_realignment(run)
+    assert not violations, explain(run, violations)
+
+
+@given(data=st.data())
+def test_order_independence(decoder_spec: str, model: str, data: st.DataObject) -> None:
+    """Permuting the requests in the pool permutes the outputs and changes nothing else."""
+    case = data.draw(cases(model), label="case")
+    order = data.draw(st.permutations(range(case.batch_size)), label="order")
+    run, other = cached_run(decoder_spec, case), cached_run(decoder_spec, permuted(case, order))
+    violations = check_contract(run) or check_contract(other) or check_order_independence(run, other, order)
+    assert not violations, explain(other, violations)

@@ -1,0 +1,152 @@
+"""EXSPEC and LazySpec: correct for any scheduler settings, grouping observed through the
+instrumentation, and negative controls for the scheduler checks."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.case import Case
+from harness.checks import check_equivalence, check_i1, check_i2, check_token_preservation, explain
+from harness.compat import call_model
+from harness.runner import Run, run_case
+from harness.scheduling import check_liveness, check_order_independence, permuted
+from harness.strategies import cases
+from reference.eqspec import BatchState, EqSpec
+from reference.exspec import ExSpec, Sequence
+from reference.lazy import LazySpec
+
+ALL_ACCEPT = tuple([True] * 40)
+ALL_REJECT = tuple([False] * 40)
+
+
+def all_checks(run: Run) -> None:
+    violations = check_i1(run) + check_i2(run) + check_equivalence(run) + check_token_preservation(run)
+    violations += check_liveness(run, getattr(run.instance, "max_wait_calls", None))
+    assert run.error is None, run.error
+    assert not violations, explain(run, violations)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    data=st.data(),
+    batch_size=st.integers(1, 5),
+    extra_window=st.integers(0, 6),
+    max_wait=st.integers(1, 4),
+)
+def test_exspec_is_correct_for_any_pool_batch_and_window(
+    data: st.DataObject, batch_size: int, extra_window: int, max_wait: int
+) -> None:
+    """EXSPEC passes every check and finishes every request for any B, window >= B and max_wait."""
+    case = data.draw(cases("transparent"), label="case")
+    decoder = ExSpec(batch_size, batch_size + extra_window, max_wait)
+    all_checks(run_case("exspec", case, factory=lambda: decoder))
+
+
+def grouped_calls(run: Run) -> list[bool]:
+    return [bool((c.attention_mask == 1).all()) for c in run.recording.target_calls]
+
+
+def test_identical_lengths_are_always_grouped() -> None:
+    """On an identical-length pool with uniform acceptance every EXSPEC target call is pad-free."""
+    prompts = tuple(tuple(range(i, i + 6)) for i in range(8))
+    case = Case(prompts, (ALL_REJECT,) * 8, 3, 6, None, 0)
+    run = run_case("reference.exspec:ExSpec", case)
+    all_checks(run)
+    assert all(grouped_calls(run)), grouped_calls(run)
+    assert run.instance.fallback_rounds == 0 and run.instance.grouped_rounds > 0
+
+
+def test_ragged_pool_falls_back_to_padding() -> None:
+    """With every length distinct, no group forms: EXSPEC pads (observed as mask zeros) and stays correct."""
+    prompts = tuple(tuple(range(1, n + 1)) for n in (2, 5, 9))
+    case = Case(prompts, (ALL_ACCEPT,) * 3, 2, 5, None, 0)
+    run = run_case("exspec", case, factory=lambda: ExSpec(batch_size=3, window=3))
+    all_checks(run)
+    assert not all(grouped_calls(run))
+    assert run.instance.fallback_rounds > 0
+
+
+class StarvingExSpec(ExSpec):
+    """Always serves the largest group, never forces a waiting sequence in (no aging)."""
+
+    def schedule(self, active: list[Sequence]) -> list[Sequence]:
+        for s in active:
+            s.waited = 0
+        return super().schedule(active)
+
+
+def starvation_case() -> Case:
+    """Three equal prompts that all reject every draft advance in lock step; one odd prompt waits."""
+    prompts = ((1, 2, 3), (4, 5, 6), (7, 8, 9), (10, 11, 12, 13, 14))
+    return Case(prompts, (ALL_REJECT,) * 4, 2, 16, None, 0)
+
+
+def test_liveness_catches_a_starving_scheduler() -> None:
+    """Negative control: without aging one request waits past the stated bound; with it, it does not."""
+    starving = run_case("starving", starvation_case(), factory=lambda: StarvingExSpec(3, 4, 2))
+    violations = check_liveness(starving, starving.instance.max_wait_calls)
+    assert [v.rule for v in violations] == ["bounded-wait"], violations
+    assert "[10, 11, 12, 13, 14]" in violations[0].found
+    fair = run_case("fair", starvation_case(), factory=lambda: ExSpec(3, 4, 2))
+    assert check_liveness(fair, fair.instance.max_wait_calls) == []
+
+
+class ReversedRows(EqSpec):
+    """Returns rows in reverse order: an order-dependent bug."""
+
+    def generate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return super().generate(*args, **kwargs)[::-1]
+
+
+def test_order_independence_catches_a_row_order_bug() -> None:
+    """Negative control: permuting a pool under a decoder that reverses rows changes the answers."""
+    prompts = ((1, 2), (3, 4, 5), (6,))
+    case = Case(prompts, (ALL_ACCEPT,) * 3, 2, 4, None, 0)
+    order = [1, 2, 0]
+    run = run_case("rev", case, factory=ReversedRows)
+    other = run_case("rev", permuted(case, order), factory=ReversedRows)
+    assert check_order_independence(run, other, order)
+    good = run_case("reference.eqspec:EqSpec", case)
+    good_other = run_case("reference.eqspec:EqSpec", permuted(case, order))
+    assert check_order_independence(good, good_other, order) == []
+
+
+def test_lazyspec_keeps_rejected_entries_masked_and_compacts() -> None:
+    """LazySpec leaves rejected slots in the cache (masked) and passes I2; it compacts past its threshold."""
+    prompts = ((1, 2, 3), (4, 5, 6, 7, 8))
+    case = Case(prompts, (ALL_REJECT, ALL_ACCEPT), 4, 12, None, 0)
+    run = run_case("lazy", case, factory=lambda: LazySpec(compact_above=0.6))
+    all_checks(run)
+    masks = [c.attention_mask for c in run.recording.target_calls[1:]]
+    assert any(bool((m[:, -1] == 1).all()) and bool((m == 0).any()) for m in masks)  # holes are attended around
+    assert run.instance.compactions > 0
+    never = run_case("lazy", case, factory=lambda: LazySpec(compact_above=1.0))
+    all_checks(never)
+    assert never.instance.compactions == 0
+    widths = [c.past_length for c in never.recording.target_calls]
+    assert widths == sorted(widths)  # the cache only grows without compaction
+
+
+class LazyCountingMaskedSlots(LazySpec):
+    """BSP's bug: rejected KV kept masked, but position ids count every slot."""
+
+    def batch_verify(self, target: torch.nn.Module, state: BatchState, drafts: torch.Tensor) -> torch.Tensor:
+        width = state.mask.shape[1]
+        positions = torch.full_like(state.mask[:, :1], width)  # every slot counted, holes included
+        block = torch.cat([state.pending[:, None], drafts], dim=1)
+        mask = torch.cat([state.mask, state.mask.new_ones(block.shape)], dim=1)
+        logits, state.target_cache = call_model(
+            target, block, mask, positions + torch.arange(block.shape[1]), state.target_cache
+        )
+        return logits.argmax(-1)
+
+
+def test_masking_with_slot_count_positions_fails_i2() -> None:
+    """Negative control: masking without correct position ids is caught by I2 at the first hole."""
+    prompts = ((1, 2, 3),)
+    case = Case(prompts, (ALL_REJECT,), 3, 6, None, 0)
+    run = run_case("bsp", case, factory=LazyCountingMaskedSlots)
+    violations = check_i2(run)
+    assert violations and violations[0].rule == "position-ids", violations
