@@ -1,10 +1,19 @@
-"""A case: everything one decoder run depends on, as plain data."""
+"""A case: everything one decoder run depends on, as plain data, and its JSON form."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
+
+CASE_FORMAT, CASE_VERSION = "specaudit-case", 1
+
+
+class CaseFormatError(ValueError):
+    """A case file that cannot be read as a case; the message says what is wrong where."""
 
 
 @dataclass(frozen=True)
@@ -61,3 +70,62 @@ class Case:
             f"extra_pad_columns={self.extra_pad_columns}, prompts={[list(p) for p in self.prompts]}, "
             f"accept={patterns})"
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """The versioned reproducer form: one entry per row under `requests`."""
+        return {
+            "format": CASE_FORMAT,
+            "version": CASE_VERSION,
+            "requests": [
+                {"prompt": list(p), "accept": "".join("1" if a else "0" for a in pattern)}
+                for p, pattern in zip(self.prompts, self.accept)
+            ],
+            "padding": {"pad_token_id": self.pad_token_id, "extra_pad_columns": self.extra_pad_columns},
+            "num_draft_tokens": self.num_draft_tokens,
+            "limits": {"max_new_tokens": self.max_new_tokens, "eos_token_id": self.eos_token_id},
+            "model": {"target": self.model, "draft": self.draft, "dtype": self.dtype},
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Case:
+        try:
+            if not isinstance(data, dict) or data.get("format") != CASE_FORMAT:
+                raise CaseFormatError(f'not a specaudit case (expected "format": "{CASE_FORMAT}")')
+            if data.get("version") != CASE_VERSION:
+                raise CaseFormatError(f"unsupported case version {data.get('version')!r} (this is {CASE_VERSION})")
+            requests = data["requests"]
+            prompts = tuple(tuple(int(t) for t in r["prompt"]) for r in requests)
+            accept = tuple(tuple(c == "1" for c in str(r["accept"])) for r in requests)
+            model = data.get("model", {})
+            return cls(
+                prompts,
+                accept,
+                int(data["num_draft_tokens"]),
+                int(data["limits"]["max_new_tokens"]),
+                None if data["limits"].get("eos_token_id") is None else int(data["limits"]["eos_token_id"]),
+                int(data["padding"]["pad_token_id"]),
+                int(data["padding"].get("extra_pad_columns", 0)),
+                str(model.get("target", "transparent")),
+                str(model.get("draft", "scripted")),
+                str(model.get("dtype", "float64")),
+            )
+        except CaseFormatError:
+            raise
+        except KeyError as exc:
+            raise CaseFormatError(f"case is missing the field {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise CaseFormatError(f"case has a malformed field: {exc}") from None
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Case:
+        try:
+            return cls.from_json(json.loads(Path(path).read_text()))
+        except OSError as exc:
+            raise CaseFormatError(f"cannot read case file {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise CaseFormatError(f"{path} is not JSON: {exc.msg} at line {exc.lineno}") from None

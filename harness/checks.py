@@ -39,7 +39,9 @@ class Violation:
             for name, value in (("target call", self.call), ("row", self.row), ("slot", self.slot))
             if value is not None
         ]
-        if self.request is not None and self.request != self.row:
+        if self.request is not None and self.row is None:
+            where.append(f"request {self.request}")
+        elif self.request is not None and self.request != self.row:
             where.append(f"(request {self.request})")
         place = ", ".join(where) if where else "run"
         return f"[{self.check}: {self.rule}] {place}: got {self.found}, but should be {self.expected}"
@@ -326,6 +328,8 @@ def locate(run: Run, request: int, index: int) -> tuple[int | None, RowView | No
     view that holds it in the cache (or, for a last token, the last view that attends it).
     """
     views = [v for v in row_views(run)[0] if v.request == request]
+    if not all(v.consistent for v in views):
+        return None, None  # a corrupted cache (see I2) makes the origin ambiguous
     at = len(run.case.prompts[request]) + index
     cached = next((v for v in views if v.past > at), None)
     before = [v for v in views if cached is None or v.call < cached.call]

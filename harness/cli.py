@@ -10,6 +10,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from harness.pytest_plugin import DEFAULT_DECODERS, DEFAULT_MODELS
 
@@ -87,8 +88,8 @@ def audit_model(spec: str, model: str, examples: int, seed: int, progress: bool)
             verdict.exact_rows += sum(r.exact for r in eq.rows)
             for check in (check_i1, check_i2, check_equivalence, check_token_preservation):
                 violations += check(run)
-        if progress:
-            print(f"\r  {spec} on {model}: {verdict.examples}/{examples} cases", end="", file=sys.stderr, flush=True)
+        if progress and sys.stderr.isatty():
+            print(f"\r  {spec} on {model}: {verdict.examples} cases run", end="", file=sys.stderr, flush=True)
         if violations:
             first = min(violations, key=lambda v: CHECK_ORDER.index(v.check))
             raise _Failed(first.check, render(violations, limit=3), repr(case))
@@ -97,10 +98,11 @@ def audit_model(spec: str, model: str, examples: int, seed: int, progress: bool)
         prop()
     except _Failed as failed:
         verdict.failure, verdict.failed_check, verdict.case = failed.evidence, failed.check, failed.case
-    finally:
-        if progress:
-            print(file=sys.stderr)
     verdict.seconds = time.perf_counter() - start
+    if progress:
+        status = "PASS" if verdict.passed else f"FAIL ({verdict.failed_check})"
+        end = "\r" if sys.stderr.isatty() else ""
+        print(f"{end}  {spec} on {model}: {status} after {verdict.seconds:.1f} s", file=sys.stderr, flush=True)
     return verdict
 
 
@@ -147,6 +149,31 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Replay one case file against a decoder and print the evidence."""
+    from harness.case import Case, CaseFormatError
+    from harness.checks import check_contract, check_equivalence, check_i1, check_i2, check_token_preservation, render
+    from harness.contract import DecoderLoadError, load_decoder
+    from harness.runner import run_case
+
+    try:
+        case = Case.load(args.case)
+        factory = load_decoder(args.decoder)
+    except (CaseFormatError, DecoderLoadError) as exc:
+        return usage_error(str(exc))
+    try:
+        run = run_case(args.decoder, case, factory=factory)
+    except ValueError as exc:  # a case naming an unknown model, draft or dtype
+        return usage_error(str(exc))
+    violations = check_contract(run)
+    if not violations:
+        for check in (check_i1, check_i2, check_equivalence, check_token_preservation):
+            violations += check(run)
+    print(f"{args.decoder} on {case!r}")
+    print(render(violations, limit=20) if violations else "PASS: every check holds")
+    return 1 if violations else 0
+
+
 def usage_error(message: str) -> int:
     print(f"specaudit: error: {message}", file=sys.stderr)
     return 2
@@ -162,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--seed", type=int, default=0, help="Hypothesis seed (same seed, same cases)")
     audit.add_argument("--quiet", action="store_true", help="no progress line")
     audit.set_defaults(func=cmd_audit)
+    replay = sub.add_parser("replay", help="replay a case file (a reproducer) against a decoder")
+    replay.add_argument("case", type=Path, metavar="FILE")
+    replay.add_argument("--decoder", required=True, metavar="MODULE:ATTR")
+    replay.set_defaults(func=cmd_replay)
     return parser
 
 

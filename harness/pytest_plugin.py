@@ -29,6 +29,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAMES",
         help=f"comma-separated built-in models to run the properties on (default: {','.join(DEFAULT_MODELS)})",
     )
+    group.addoption(
+        "--specaudit-out",
+        default="specaudit-failures",
+        metavar="DIR",
+        help="where a failing property writes its minimal case as a JSON reproducer (default: specaudit-failures)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -73,3 +79,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("decoder_spec", decoder_specs(metafunc.config))
     if "model" in metafunc.fixturenames and metafunc.definition.get_closest_marker("specaudit"):
         metafunc.parametrize("model", model_names(metafunc.config))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    """After a property fails, write its shrunk case to --specaudit-out and say where."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or item.get_closest_marker("specaudit") is None:
+        return
+    from harness.reproducer import take_failure, write_reproducer
+
+    failure = take_failure()
+    if report.failed and failure is not None:
+        path = write_reproducer(item.config.getoption("specaudit_out"), item.nodeid, failure)
+        report.sections.append(("specaudit", f"reproducer written to {path}"))

@@ -16,6 +16,7 @@ from harness.checks import (
     check_token_preservation,
     explain,
 )
+from harness.reproducer import remember_failure
 from harness.runner import Run, cached_run
 from harness.strategies import cases
 
@@ -28,6 +29,8 @@ def run_drawn(decoder_spec: str, model: str, data: st.DataObject) -> Run:
 
 def assert_holds(run: Run, violations: list[Violation]) -> None:
     violations = check_contract(run) or violations
+    if violations:
+        remember_failure(run, violations)
     assert not violations, explain(run, violations)
 
 

@@ -7,10 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.checks import check_contract, explain
+from harness.checks import check_contract
 from harness.runner import cached_run
 from harness.scheduling import check_grouped_no_realignment, check_liveness, check_order_independence, permuted
 from harness.strategies import cases
+from properties.test_conformance import assert_holds
 
 pytestmark = pytest.mark.specaudit
 
@@ -19,16 +20,14 @@ pytestmark = pytest.mark.specaudit
 def test_liveness(decoder_spec: str, model: str, data: st.DataObject) -> None:
     """Every request finishes, and none waits more target calls than the decoder's max_wait_calls."""
     run = cached_run(decoder_spec, data.draw(cases(model), label="case"))
-    violations = check_contract(run) or check_liveness(run, getattr(run.instance, "max_wait_calls", None))
-    assert not violations, explain(run, violations)
+    assert_holds(run, check_liveness(run, getattr(run.instance, "max_wait_calls", None)))
 
 
 @given(data=st.data())
 def test_grouped_batches_need_no_realignment(decoder_spec: str, model: str, data: st.DataObject) -> None:
     """Between two grouped (pad-free) target calls of a request, its cache slots do not move."""
     run = cached_run(decoder_spec, data.draw(cases(model), label="case"))
-    violations = check_contract(run) or check_grouped_no_realignment(run)
-    assert not violations, explain(run, violations)
+    assert_holds(run, check_grouped_no_realignment(run))
 
 
 @given(data=st.data())
@@ -37,5 +36,4 @@ def test_order_independence(decoder_spec: str, model: str, data: st.DataObject) 
     case = data.draw(cases(model), label="case")
     order = data.draw(st.permutations(range(case.batch_size)), label="order")
     run, other = cached_run(decoder_spec, case), cached_run(decoder_spec, permuted(case, order))
-    violations = check_contract(run) or check_contract(other) or check_order_independence(run, other, order)
-    assert not violations, explain(other, violations)
+    assert_holds(other, check_contract(run) or check_order_independence(run, other, order))
