@@ -24,7 +24,9 @@ from reference.eqspec import EqSpec
 from reference.exspec import ExSpec
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], device: torch.device, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_prompts(
+    prompts: Sequence[Sequence[int]], device: torch.device, pad: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad prompts to their own longest one. Returns input_ids, attention_mask [B, T] on device."""
     width = max(len(p) for p in prompts)
     ids = [[pad] * (width - len(p)) + list(p) for p in prompts]
@@ -122,7 +124,14 @@ def serve_eqspec(
         decoder.finished_at = {}
         start = clock()
         out = decoder.generate(
-            target, draft, ids, mask, num_draft_tokens=k, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0
+            target,
+            draft,
+            ids,
+            mask,
+            num_draft_tokens=k,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=None,
+            pad_token_id=0,
         )
         elapsed = clock() - start
         for row, req in enumerate(batch):

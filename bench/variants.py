@@ -173,7 +173,9 @@ def check_repad_loop(device: torch.device, seed: int = 0, trials: int = 20) -> d
         keep[:, -1] = True  # every row keeps at least its last slot
         finished = torch.rand(batch, **cpu) < 0.3
         active = (~finished).nonzero()[:, 0]
-        layers = [(torch.randn(batch, 2, slots, 4, **cpu).to(device), torch.randn(batch, 2, slots, 4, **cpu).to(device))]
+        layers = [
+            (torch.randn(batch, 2, slots, 4, **cpu).to(device), torch.randn(batch, 2, slots, 4, **cpu).to(device))
+        ]
         vec, loop = cache_from_tensors(layers), cache_from_tensors(layers)
         mask_vec = repad(vec, keep.to(device), active.to(device))
         mask_loop = repad_loop(loop, keep.to(device), active.to(device))

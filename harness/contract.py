@@ -48,7 +48,7 @@ def load_decoder(spec: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+        if exc.name and (exc.name == module_name or module_name.startswith(exc.name + ".")):
             raise DecoderLoadError(f"decoder module {module_name!r} not found (is it on sys.path?)") from exc
         raise DecoderLoadError(f"decoder module {module_name!r} failed to import: {exc}") from exc
     except Exception as exc:  # a module that raises on import is the user's bug, shown in one line

@@ -10,6 +10,11 @@ import os
 
 import pytest
 
+from harness.profiles import default_profile, register_profiles
+
+# Registered at import, before Hypothesis's own plugin loads --hypothesis-profile.
+register_profiles()
+
 DEFAULT_DECODERS = ("reference.eqspec:EqSpec", "reference.exspec:ExSpec", "reference.lazy:LazySpec")
 DEFAULT_MODELS = ("transparent", "llama", "qwen3", "gpt2")
 
@@ -38,9 +43,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from harness.profiles import default_profile, register_profiles
-
-    register_profiles()
     if not config.getoption("hypothesis_profile", default=None):
         from hypothesis import settings
 
@@ -51,10 +53,13 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(1)
+    if config.getoption("decoder"):
+        decoder_specs(config)  # a bad --decoder is a usage error before collection
+    model_names(config)
 
 
 def decoder_specs(config: pytest.Config) -> list[str]:
-    """The decoders under test, each checked to load before any test runs."""
+    """The decoders under test, each checked to load (pytest_configure does it once, early)."""
     from harness.contract import DecoderLoadError, load_decoder
 
     specs = config.getoption("decoder") or list(DEFAULT_DECODERS)

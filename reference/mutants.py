@@ -1,14 +1,102 @@
 """Planted bugs: small named variations of EqSpec that the suite must catch.
 
 Each is a negative control for a check. `CATALOG` maps name to class, and every entry can be
-run with `--decoder reference.mutants:NAME`.
+run with `--decoder reference.mutants:NAME`. Every class documents the bug class and where it
+was seen, and carries a `bug: BugInfo` whose `first_check`, `output_equivalent` and
+`visible_at_batch_1` were measured with the harness (tests/test_mutants.py keeps them honest).
+
+Checks run in the order contract, I1, I2, equivalence, token-preservation; `first_check` is
+the first of those that reports a violation on the shrunk failing case.
+
+Signatures:
+  position-id        wrong position ids, or slots written at wrong positions (I2 position rule)
+  kv-drift           a stale, pad, garbage or rejected entry attended
+  bonus              a wrong token choice, visible even at batch size 1
+  output-equivalent  output unchanged; only token preservation or an invariant catches it
+  bookkeeping        EOS, length or row-order errors in the output
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from harness.compat import cache_layers, call_model, select_rows, set_cache_layers
 from reference.eqspec import BatchState, EqSpec
+
+
+@dataclass(frozen=True)
+class BugInfo:
+    bug_class: str  # short description
+    seen_in: str  # "DSD", "BSP", "HF defaults", "several" or "—"
+    signature: str  # "position-id", "kv-drift", "bonus", "output-equivalent", "bookkeeping"
+    first_check: str  # first failing check in the order contract, I1, I2, equivalence, token-preservation
+    output_equivalent: bool  # True if only an invariant or token preservation can catch it
+    visible_at_batch_1: bool  # True if it fails even with a single row
+
+
+SIGNATURES = ("position-id", "kv-drift", "bonus", "output-equivalent", "bookkeeping")
+CHECK_ORDER = ("contract", "I1", "I2", "equivalence", "token-preservation")
+
+
+# ---------------------------------------------------------------------------------------
+# Shared pieces
+
+
+class RoundHooks(EqSpec):
+    """EqSpec with hook points in the round's model calls; with the defaults it *is* EqSpec.
+
+    EqSpec computes position ids and the draft's mask inline in `propose` and `batch_verify`;
+    the position-id and mask mutants override one hook here instead of copying those methods.
+    """
+
+    def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
+        """Position ids [B, width] of `width` new inputs after a cache whose real slots are
+        `mask` [B, S]; `role` is "draft" or "target". None: let the model default them."""
+        return mask.sum(1, keepdim=True) + torch.arange(width)
+
+    def draft_call_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """The attention mask passed to the draft model during `propose`."""
+        return mask
+
+    def propose(self, draft: torch.nn.Module, state: BatchState, k: int) -> torch.Tensor:
+        batch = state.rows.numel()
+        mask, token, drafts = state.draft_mask, state.pending[:, None], []
+        for step in range(k + 1):
+            position = self.positions(state, mask, 1, "draft")  # [B, 1]
+            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)  # [B, S + step + 1]
+            logits, state.draft_cache = call_model(draft, token, self.draft_call_mask(mask), position, state.draft_cache)
+            if step < k:
+                token = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+                drafts.append(token)
+        return torch.cat(drafts, dim=1)
+
+    def batch_verify(self, target: torch.nn.Module, state: BatchState, drafts: torch.Tensor) -> torch.Tensor:
+        block = torch.cat([state.pending[:, None], drafts], dim=1)  # [B, K + 1]
+        positions = self.positions(state, state.mask, block.shape[1], "target")  # [B, K + 1]
+        mask = torch.cat([state.mask, state.mask.new_ones(block.shape)], dim=1)  # [B, S + K + 1]
+        logits, state.target_cache = call_model(target, block, mask, positions, state.target_cache)
+        return logits.argmax(-1)
+
+
+def mask_in_place(
+    state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
+) -> BatchState:
+    """Realignment by masking: nothing moves, rejected slots stay in the cache with mask 0, the
+    cache grows by K + 1 slots per round; finished rows are dropped."""
+    block = (torch.arange(k + 1)[None, :] <= accepted[:, None]).long()  # [B, K + 1] pending + accepted
+    active = (~finished).nonzero()[:, 0]  # [B']
+    mask = torch.cat([state.mask, block], dim=1)[active]  # [B', S + K + 1]
+    draft_mask = torch.cat([state.draft_mask, block], dim=1)[active]
+    if active.numel() < finished.numel():
+        select_rows(state.target_cache, active)
+        select_rows(state.draft_cache, active)
+    return BatchState(state.rows[active], mask, draft_mask, bonus[active], state.target_cache, state.draft_cache)
+
+
+# ---------------------------------------------------------------------------------------
+# Bonus / acceptance
 
 
 class BonusFromDraft(EqSpec):
@@ -18,6 +106,7 @@ class BonusFromDraft(EqSpec):
     """
 
     name = "bonus_from_draft"
+    bug = BugInfo("bonus token taken from the draft", "DSD", "bonus", "equivalence", False, True)
 
     @staticmethod
     def accept(drafts: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,6 +116,122 @@ class BonusFromDraft(EqSpec):
         return accepted, torch.where(accepted < k, from_draft, bonus)
 
 
+class FirstMismatchAccepted(EqSpec):
+    """The first mismatching draft is accepted too (`<=` for `<` in the acceptance scan; seen in DSD).
+
+    The cache keeps what the output says, so I2 is satisfied; the output carries the wrong
+    draft at once, even at batch size 1.
+    """
+
+    name = "first_mismatch_accepted"
+    bug = BugInfo("first mismatching draft accepted", "DSD", "bonus", "equivalence", False, True)
+
+    @staticmethod
+    def accept(drafts: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        accepted, _ = EqSpec.accept(drafts, predicted)
+        accepted = (accepted + 1).clamp(max=drafts.shape[1])  # one past the longest matching prefix
+        return accepted, predicted.gather(1, accepted[:, None])[:, 0]
+
+
+class AcceptanceOneShort(EqSpec):
+    """Acceptance scans only the first K - 1 drafts, so the K-th is never accepted (—).
+
+    The bonus is still the target's token after the accepted prefix, so the output is right;
+    only token preservation sees fewer drafts accepted than the schedule allows.
+    """
+
+    name = "acceptance_one_short"
+    bug = BugInfo("acceptance computed one draft short", "—", "output-equivalent", "token-preservation", True, True)
+
+    @staticmethod
+    def accept(drafts: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return EqSpec.accept(drafts[:, :-1], predicted)  # range(K - 1) where range(K) was meant
+
+
+class LogitsShiftedByOne(EqSpec):
+    """Draft d_i compared with the target's prediction one input later (logits[:, 1:]; —).
+
+    The classic shift between "logits at input i" and "prediction for token i + 1", made in
+    the wrong direction; diverges at once, even at batch size 1.
+    """
+
+    name = "logits_shifted_by_one"
+    bug = BugInfo("logits shifted by one", "—", "bonus", "equivalence", False, True)
+
+    def batch_verify(self, target: torch.nn.Module, state: BatchState, drafts: torch.Tensor) -> torch.Tensor:
+        predicted = super().batch_verify(target, state, drafts)  # [B, K + 1]
+        return torch.cat([predicted[:, 1:], predicted[:, -1:]], dim=1)
+
+
+class NoBonusToken(EqSpec):
+    """No bonus token: a round commits only its accepted drafts (—).
+
+    The last accepted draft becomes the next pending token, so the state stays consistent
+    and the output is right while drafts are accepted; but a round that accepts nothing makes
+    no progress, and the same drafts are proposed again forever (liveness). This mutant caps
+    its own loop at 4 * max_new_tokens rounds and returns what it has, so it fails with a
+    short output instead of hanging.
+    """
+
+    name = "no_bonus_token"
+    bug = BugInfo("no bonus token (liveness)", "—", "bookkeeping", "equivalence", False, True)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        target: torch.nn.Module,
+        draft: torch.nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        num_draft_tokens: int,
+        max_new_tokens: int,
+        eos_token_id: int | None,
+        pad_token_id: int,
+    ) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
+        state, first = self.prefill(target, draft, input_ids, attention_mask)
+        finished = self.commit(out, state.rows, [[t] for t in first.tolist()], max_new_tokens, eos_token_id)
+        state = self.drop_finished(state, finished)
+        for _ in range(4 * max_new_tokens):  # the cap that stands in for a hang
+            if not state.rows.numel():
+                break
+            drafts = self.propose(draft, state, num_draft_tokens)  # [B, K]
+            predicted = self.batch_verify(target, state, drafts)  # [B, K + 1]
+            accepted, _ = self.accept(drafts, predicted)  # the target's bonus is never taken
+            new_tokens = [d[:a] for d, a in zip(drafts.tolist(), accepted.tolist())]
+            finished = self.commit(out, state.rows, new_tokens, max_new_tokens, eos_token_id)
+            last = drafts.gather(1, (accepted - 1).clamp(min=0)[:, None])[:, 0]
+            pending = torch.where(accepted > 0, last, state.pending)  # nothing accepted: nothing changes
+            state = self.realign(state, accepted - 1, pending, num_draft_tokens, finished)
+        return out
+
+
+class CropToShortest(EqSpec):
+    """Every row keeps only the batch's minimum accepted count and re-drafts the rest (—).
+
+    The "rollback" strategy for ragged acceptance (paper, section 2: it discards verified
+    tokens): no re-padding is ever needed because all rows advance equally. Output-equivalent
+    (the token after the kept prefix is the target's own prediction); only token preservation
+    sees verified tokens thrown away. Needs rows with different acceptance.
+    """
+
+    name = "crop_to_shortest"
+    bug = BugInfo(
+        "crop every row to the batch's shortest acceptance", "—", "output-equivalent", "token-preservation", True, False
+    )
+
+    @staticmethod
+    def accept(drafts: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        accepted, _ = EqSpec.accept(drafts, predicted)
+        accepted = accepted.min().expand_as(accepted)  # every row advances like the slowest one
+        return accepted, predicted.gather(1, accepted[:, None])[:, 0]
+
+
+# ---------------------------------------------------------------------------------------
+# KV cache: rejected, cropped, stale or garbage entries
+
+
 class RejectedKvAttended(EqSpec):
     """Rejected drafts' KV kept in the cache and attended in the next round (seen in BSP).
 
@@ -34,6 +239,7 @@ class RejectedKvAttended(EqSpec):
     """
 
     name = "rejected_kv_attended"
+    bug = BugInfo("rejected drafts' KV kept and attended", "BSP", "kv-drift", "I2", False, True)
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
@@ -44,6 +250,60 @@ class RejectedKvAttended(EqSpec):
         return self.gather_rows(state, keep, draft_keep, bonus, finished)
 
 
+class RejectedKvMaskedNoPositionIds(RoundHooks):
+    """Rejected KV kept in the cache with mask 0, and no position ids passed (seen in BSP).
+
+    Masking the rejected slots would be fine (see LazySpec) if positions counted attended
+    slots only; without position ids the model uses past length + arange, which counts the
+    masked rejected slots: position gaps after the first round with a rejection. The prefill
+    passes correct positions, so the bug shows through the rounds, not the padding.
+    """
+
+    name = "rejected_kv_masked_no_position_ids"
+    bug = BugInfo("rejected KV kept masked, no position ids passed", "BSP", "position-id", "I2", False, True)
+
+    def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
+        return None
+
+    def realign(
+        self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
+    ) -> BatchState:
+        return mask_in_place(state, accepted, bonus, k, finished)
+
+
+class KvCroppedToMinAcceptance(EqSpec):
+    """Every row's cache cropped to the batch's minimum acceptance (seen in DSD).
+
+    One `crop` for the whole batch: rows that accepted more commit their tokens but lose
+    their KV, so the next round attends a context with tokens missing. Needs B >= 2 with
+    different acceptance.
+    """
+
+    name = "kv_cropped_to_min_acceptance"
+    bug = BugInfo("KV cropped to the batch's minimum acceptance", "DSD", "kv-drift", "equivalence", False, False)
+
+    def realign(
+        self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
+    ) -> BatchState:
+        return super().realign(state, accepted.min().expand_as(accepted), bonus, k, finished)
+
+
+class RealignOffByOne(EqSpec):
+    """Realignment keeps one slot too many: range(a + 2) for range(a + 1) (—).
+
+    The first rejected draft survives the re-pad and is attended next round (unless the whole
+    block was accepted).
+    """
+
+    name = "realign_off_by_one"
+    bug = BugInfo("realignment range off by one", "—", "kv-drift", "I2", False, True)
+
+    def realign(
+        self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
+    ) -> BatchState:
+        return super().realign(state, (accepted + 1).clamp(max=k), bonus, k, finished)
+
+
 class DraftCacheNotRolledBack(EqSpec):
     """The draft's cache keeps its rejected proposals (seen in BSP).
 
@@ -51,6 +311,7 @@ class DraftCacheNotRolledBack(EqSpec):
     """
 
     name = "draft_cache_not_rolled_back"
+    bug = BugInfo("draft cache never rolled back", "BSP", "output-equivalent", "token-preservation", True, True)
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
@@ -61,7 +322,298 @@ class DraftCacheNotRolledBack(EqSpec):
         return self.gather_rows(state, keep, draft_keep, bonus, finished)
 
 
+class UninitialisedPadSlots(EqSpec):
+    """Realignment into `torch.empty`: only real slots are written, pads hold whatever the
+    allocator returned, and the mask is then set to all ones (—).
+
+    Garbage in masked pad slots is harmless (a correct decoder may leave it); the bug is
+    the mask, written on the belief that a fresh buffer is zeros and a zero K/V "contributes
+    nothing" (neither holds). Needs rows of different lengths after a re-pad.
+    """
+
+    name = "uninitialised_pad_slots"
+    bug = BugInfo("re-pad leaves uninitialised pad slots, then attends them", "—", "kv-drift", "I2", False, False)
+
+    @staticmethod
+    def gather_rows(
+        state: BatchState, keep: torch.Tensor, draft_keep: torch.Tensor, pending: torch.Tensor, finished: torch.Tensor
+    ) -> BatchState:
+        new = EqSpec.gather_rows(state, keep, draft_keep, pending, finished)
+        for cache, mask in ((new.target_cache, new.mask), (new.draft_cache, new.draft_mask)):
+            real = mask.bool()[:, None, :, None]  # [B', 1, W, 1]
+            layers = []
+            for k, v in cache_layers(cache):  # [B', H, W, D]
+                fresh_k, fresh_v = torch.empty_like(k), torch.empty_like(v)  # uninitialised
+                layers.append((torch.where(real, k, fresh_k), torch.where(real, v, fresh_v)))  # real slots only
+            set_cache_layers(cache, layers)
+        new.mask, new.draft_mask = torch.ones_like(new.mask), torch.ones_like(new.draft_mask)
+        return new
+
+
+class CacheRowsPermuted(EqSpec):
+    """Cache rows re-ordered relative to the sequences (—).
+
+    The re-pad packs the caches longest row first (with their masks), but the row
+    bookkeeping (`rows`, `pending`) keeps the old order: a row's pending token is appended to
+    another request's cache. Needs two rows whose lengths order differently from their rows.
+    """
+
+    name = "cache_rows_permuted"
+    bug = BugInfo("cache rows permuted relative to sequences", "—", "kv-drift", "I2", False, False)
+
+    @staticmethod
+    def gather_rows(
+        state: BatchState, keep: torch.Tensor, draft_keep: torch.Tensor, pending: torch.Tensor, finished: torch.Tensor
+    ) -> BatchState:
+        new = EqSpec.gather_rows(state, keep, draft_keep, pending, finished)
+        order = torch.sort(new.mask.sum(1), descending=True, stable=True).indices  # longest first
+        select_rows(new.target_cache, order)
+        select_rows(new.draft_cache, order)
+        new.mask, new.draft_mask = new.mask[order], new.draft_mask[order]  # rows and pending not permuted
+        return new
+
+
+# ---------------------------------------------------------------------------------------
+# Masks and padding
+
+
+class MaskNotUpdatedAfterRepad(EqSpec):
+    """The attention mask is not recomputed after the re-pad (—).
+
+    The caches are realigned, but the mask stays the pre-realignment one (old mask plus the
+    whole K + 1 block): wrong width for the new cache (HF pads or slices it silently), and
+    it marks pads and dropped slots as attended.
+    """
+
+    name = "mask_not_updated_after_repad"
+    bug = BugInfo("attention mask not updated after re-pad", "—", "kv-drift", "I1", False, True)
+
+    def realign(
+        self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
+    ) -> BatchState:
+        new = super().realign(state, accepted, bonus, k, finished)
+        active = (~finished).nonzero()[:, 0]
+        stale = torch.cat([state.mask, state.mask.new_ones(accepted.shape[0], k + 1)], dim=1)[active]
+        new.mask = new.draft_mask = stale
+        return new
+
+
+class PadsAttended(EqSpec):
+    """Mask set to all ones after the re-pad, so pads are attended (seen in DSD).
+
+    Positions (from the mask) count the pads too. Needs rows of different lengths.
+    """
+
+    name = "pads_attended"
+    bug = BugInfo("pads attended (mask all ones after re-pad)", "DSD", "kv-drift", "I2", False, False)
+
+    @staticmethod
+    def gather_rows(
+        state: BatchState, keep: torch.Tensor, draft_keep: torch.Tensor, pending: torch.Tensor, finished: torch.Tensor
+    ) -> BatchState:
+        new = EqSpec.gather_rows(state, keep, draft_keep, pending, finished)
+        new.mask, new.draft_mask = torch.ones_like(new.mask), torch.ones_like(new.draft_mask)
+        return new
+
+
+class PadsAccumulate(EqSpec):
+    """Rejected slots become pads in place and pads accumulate every round, with a mask
+    recomputed as if all pads were on the left (seen in DSD).
+
+    The cache grows by K + 1 slots per round and is never compacted; the mask marks each
+    row's rightmost `length` slots as real, so after a rejection it attends a rejected slot
+    and drops the first prompt token.
+    """
+
+    name = "pads_accumulate"
+    bug = BugInfo("pads accumulate every round, wrong mask", "DSD", "kv-drift", "I2", False, True)
+
+    def realign(
+        self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
+    ) -> BatchState:
+        new = mask_in_place(state, accepted, bonus, k, finished)
+        width = new.mask.shape[1]
+        left_padded = (torch.arange(width)[None, :] >= width - new.mask.sum(1, keepdim=True)).long()  # [B', W]
+        new.mask = new.draft_mask = left_padded
+        return new
+
+
+class RightPadding(EqSpec):
+    """Right padding for a decoder-only model (—).
+
+    The prompts are right-padded and prefilled with the causal mask alone ("pads after the
+    prompt cannot affect it"); the first token is read at column -1, a pad for every row
+    shorter than the batch. Later rounds re-pad correctly, so only the first token of short
+    rows is wrong. (With a correct mask, the transparent target cannot see right padding at
+    all: it ignores a masked query's own input, where a real model's hidden state does not.)
+    """
+
+    name = "right_padding"
+    bug = BugInfo("right padding for a decoder-only model", "—", "bonus", "equivalence", False, True)
+
+    def prefill(
+        self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[BatchState, torch.Tensor]:
+        real_first = torch.sort((attention_mask == 0).long(), dim=1, stable=True).indices  # [B, T]
+        ids, mask = input_ids.gather(1, real_first), attention_mask.gather(1, real_first).long()
+        state, first = super().prefill(target, draft, ids, torch.ones_like(mask))  # causal only
+        state.mask = state.draft_mask = mask
+        return state, first
+
+
+class DraftWithoutMask(RoundHooks):
+    """The draft is run without an attention mask while proposing (—).
+
+    It attends pads, so it proposes worse drafts; the target still verifies them, so the
+    output is right and only token preservation sees fewer drafts accepted. Needs padding
+    at proposal time, i.e. rows of different lengths.
+    """
+
+    name = "draft_without_mask"
+    bug = BugInfo("draft run without a mask", "—", "output-equivalent", "token-preservation", True, False)
+
+    def draft_call_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# Position ids
+
+
+class PositionsFromArange(RoundHooks):
+    """Position ids from past length + arange, offset by each row's padding at prefill and
+    never updated (seen in BSP; HF's default arange positions).
+
+    Right at first; wrong as soon as a re-pad changes a row's padding (at batch size 1, when
+    the prompt had extra pad columns, which the first re-pad removes).
+    """
+
+    name = "positions_from_arange"
+    bug = BugInfo("position ids from arange, ignoring padding", "BSP, HF defaults", "position-id", "I2", False, True)
+
+    def prefill(
+        self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[BatchState, torch.Tensor]:
+        self.prefill_pads = (attention_mask == 0).sum(1)  # [B], frozen from here on
+        return super().prefill(target, draft, input_ids, attention_mask)
+
+    def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
+        return mask.shape[1] - self.prefill_pads[state.rows][:, None] + torch.arange(width)
+
+
+class BatchUniformCacheOffset(RoundHooks):
+    """One cache offset for the whole batch: every row's new positions start at the cache
+    width, like HF's batch-wide `cache_position` (HF defaults).
+
+    Right for the longest row only; wrong for every row with pads at the time of the call.
+    """
+
+    name = "batch_uniform_cache_offset"
+    bug = BugInfo("batch-uniform cache offset", "HF defaults", "position-id", "I2", False, False)
+
+    def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
+        return (mask.shape[1] + torch.arange(width)).expand(mask.shape[0], width)
+
+
+class VerifyPositionOffByOne(RoundHooks):
+    """The verify call's positions start one too late: length + 1 + arange (several).
+
+    Diverges at once, even at batch size 1.
+    """
+
+    name = "verify_position_off_by_one"
+    bug = BugInfo("position off by one in the verify call", "several", "position-id", "I2", False, True)
+
+    def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
+        shift = 1 if role == "target" else 0
+        return mask.sum(1, keepdim=True) + shift + torch.arange(width)
+
+
+# ---------------------------------------------------------------------------------------
+# Bookkeeping: EOS and length
+
+
+class EosScansPaddedRow(EqSpec):
+    """The EOS test scans the whole padded row, input included: `(ids == eos).any(-1)` (—).
+
+    A row whose padded input holds the EOS id anywhere (a pad id equal to EOS, or EOS as a
+    real prompt token) is finished after its first token.
+    """
+
+    name = "eos_scans_padded_row"
+    bug = BugInfo("EOS check scans the padded row", "—", "bookkeeping", "equivalence", False, True)
+
+    def prefill(
+        self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[BatchState, torch.Tensor]:
+        self.padded_input = input_ids  # [B, T], pads included
+        return super().prefill(target, draft, input_ids, attention_mask)
+
+    def commit(
+        self,
+        out: list[list[int]],
+        rows: torch.Tensor,
+        new_tokens: list[list[int]],
+        max_new_tokens: int,
+        eos_token_id: int | None,
+    ) -> torch.Tensor:
+        finished = EqSpec.commit(out, rows, new_tokens, max_new_tokens, eos_token_id)
+        if eos_token_id is None:
+            return finished
+        return finished | (self.padded_input[rows] == eos_token_id).any(1)
+
+
+class MaxNewTokensOverrun(EqSpec):
+    """The length limit is checked once per round, before the round's tokens go in (—).
+
+    The last round appends all its accepted drafts and the bonus, overrunning
+    max_new_tokens (the contract rejects the output).
+    """
+
+    name = "max_new_tokens_overrun"
+    bug = BugInfo("max_new_tokens not respected in the last round", "—", "bookkeeping", "contract", False, True)
+
+    def commit(
+        self,
+        out: list[list[int]],
+        rows: torch.Tensor,
+        new_tokens: list[list[int]],
+        max_new_tokens: int,
+        eos_token_id: int | None,
+    ) -> torch.Tensor:
+        for row, tokens in zip(rows.tolist(), new_tokens):  # below the limit: the whole round goes in
+            EqSpec.commit(out, torch.tensor([row]), [tokens], len(out[row]) + len(tokens), eos_token_id)
+        return torch.tensor(
+            [len(out[r]) >= max_new_tokens or out[r][-1] == eos_token_id for r in rows.tolist()], dtype=torch.bool
+        )
+
+
 CATALOG: dict[str, type[EqSpec]] = {
-    cls.name: cls for cls in (BonusFromDraft, RejectedKvAttended, DraftCacheNotRolledBack)
+    cls.name: cls
+    for cls in (
+        BonusFromDraft,
+        FirstMismatchAccepted,
+        RejectedKvAttended,
+        RejectedKvMaskedNoPositionIds,
+        PositionsFromArange,
+        VerifyPositionOffByOne,
+        MaskNotUpdatedAfterRepad,
+        PadsAttended,
+        PadsAccumulate,
+        KvCroppedToMinAcceptance,
+        RealignOffByOne,
+        NoBonusToken,
+        LogitsShiftedByOne,
+        RightPadding,
+        DraftCacheNotRolledBack,
+        AcceptanceOneShort,
+        CacheRowsPermuted,
+        UninitialisedPadSlots,
+        BatchUniformCacheOffset,
+        EosScansPaddedRow,
+        MaxNewTokensOverrun,
+        DraftWithoutMask,
+        CropToShortest,
+    )
 }
 globals().update(CATALOG)

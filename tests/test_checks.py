@@ -321,20 +321,15 @@ def test_equivalence_names_the_diverging_request() -> None:
     assert found[0].expected.startswith(f"token {continuation(prompts[1])[2]} at index 2")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "library bug, harness/checks.py locate(): it takes a view's attended past length as the number of the "
-        "request's own tokens, so when stale slots are attended it blames the wrong call and slot"
-    ),
-)
-def test_equivalence_blames_the_deciding_call() -> None:
-    """A wrong bonus is placed at the target call that computed it, not at an earlier, correct round."""
+def test_equivalence_never_blames_a_correct_round() -> None:
+    """With a corrupted cache the origin of a wrong token is ambiguous: equivalence names no call, I2 names it."""
     run = run_case("reference.mutants:rejected_kv_attended", Case(((0,),), (pattern("0"),), 1, 3, None, 0))
-    (v,) = violations(run)["equivalence"]
+    found = violations(run)
+    (v,) = found["equivalence"]
     # call 1 verifies [t0, d1] and keeps t1 correctly; call 2 attends the stale d1 and computes the wrong t2
     assert run.outputs is not None and v.found.startswith(f"token {run.outputs[0][2]} at index 2")
-    assert v.call == 2
+    assert v.call is None
+    assert found["I2"][0].call == 2
 
 
 def test_equivalence_strict_prefix_fails() -> None:
@@ -364,16 +359,14 @@ def test_token_preservation_draft_cache_not_rolled_back() -> None:
 
 
 def test_token_preservation_recomputing_decoder() -> None:
-    """A decoder that drops its cache every step keeps no verified KV: only token preservation says so."""
+    """A cache-free decoder that re-feeds every verified token throws none away: all checks hold."""
     run = run_case(
         "tests:NoCacheGreedy",
         Case(((3, 1, 4), (2, 7)), (pattern("1"), pattern("0")), 2, 4, None, 0),
         factory=NoCacheGreedy,
     )
     found = violations(run)
-    assert found["I1"] == found["I2"] == found["equivalence"] == []
-    rules = {(v.rule, v.call) for v in found["token-preservation"]}
-    assert ("verified-kept", 2) in rules
+    assert found == {check: [] for check in CHECKS}
 
 
 # ---------------------------------------------------------------------------------------
@@ -482,14 +475,6 @@ def test_i2_catches_rejected_kv_on_tiny_llama() -> None:
     assert first.rule == "attends-wrong-slot" and "differ from the batch-size-1 run" in first.found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "library bug, harness/checks.py check_token_preservation(): 'verified-kept' uses view.past - len(prompt),"
-        " which is negative when a row re-feeds its prompt, and fires at call 1 although no generated token had "
-        "been verified yet"
-    ),
-)
 def test_token_preservation_evidence_counts_are_meaningful() -> None:
     """verified-kept evidence never reports a negative number of cached generated tokens."""
     run = run_case("tests:NoCacheGreedy", Case(((3, 1, 4),), (pattern("1"),), 2, 4, None, 0), factory=NoCacheGreedy)

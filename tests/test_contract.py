@@ -268,14 +268,6 @@ def test_load_module_missing_a_dependency(make_module: Callable[[str], str]) -> 
     assert "failed to import" in message and "specaudit_absent_dependency_q" in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "library bug, harness/contract.py load_decoder(): `module_name.startswith(exc.name)` treats a missing "
-        "dependency whose name is a string prefix of the decoder module ('dec' for 'decoder_x') as the decoder "
-        "module missing"
-    ),
-)
 def test_load_module_missing_a_prefix_named_dependency(make_module: Callable[[str], str]) -> None:
     """A missing dependency whose name is a prefix of the module's name is still reported as a failed import."""
     name = make_module("import specaudit_tmp\n")  # a string prefix of the module's own name

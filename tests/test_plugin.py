@@ -113,14 +113,6 @@ def test_missing_decoder_module_fails_naming_it(small: pytest.Pytester) -> None:
     assert nothing_ran(result)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "library bug, harness/pytest_plugin.py decoder_specs(): its UsageError is raised inside "
-        "pytest_generate_tests, so pytest reports a collection error (exit 2, traceback on stdout) instead of a "
-        "usage error (exit 4, stderr)"
-    ),
-)
 def test_missing_decoder_module_is_a_usage_error(small: pytest.Pytester) -> None:
     """`--decoder nosuchmod:X` exits with pytest's usage-error code and names the module on stderr."""
     result = small.runpytest_subprocess("-p", "no:cacheprovider", "--decoder", "specaudit_nosuchmod:X")
@@ -138,15 +130,6 @@ def test_decoder_module_raising_on_import_fails_clearly(small: pytest.Pytester) 
     assert nothing_ran(result)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "library bug, harness/pytest_plugin.py pytest_configure(): profiles are registered in specaudit's "
-        "pytest_configure, which runs after Hypothesis's own pytest_configure has already tried to load "
-        "--hypothesis-profile: 'dev' and 'thorough' are 'not registered' (INTERNALERROR); 'ci' only works because"
-        " Hypothesis reloads a re-registered current profile"
-    ),
-)
 def test_hypothesis_profile_option_selects_dev(pytester: pytest.Pytester) -> None:
     """`--hypothesis-profile dev` loads specaudit's dev profile (15 examples)."""
     pytester.makepyfile(test_profile=PROFILE)
