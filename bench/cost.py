@@ -29,6 +29,7 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ from fixtures.tiny import build_tiny  # noqa: E402
 
 FULL = {
     "align_batch_sizes": [1, 2, 4, 8, 16, 32],
-    "align_repeats": 9,
+    "align_repeats": 15,
     "group_batch_sizes": [2, 4, 8, 16],
     "pool_size": 32,
     "group_repeats": 5,
@@ -75,6 +76,7 @@ QUICK = {
     "latency_repeats": 1,
 }
 MIN_LEN, MAX_LEN, SAME_LEN = 8, 48, 28
+EOS_MAX_NEW = 96  # length limit of the pool whose rows stop at an EOS
 
 
 def make_prompts(n: int, seed: int, *, length: int | None = None) -> list[list[int]]:
@@ -114,7 +116,9 @@ class Bench:
         self.draft = copy.deepcopy(build_tiny("llama", "draft", dtype=dtype)).to(self.device)
         self.k, self.max_new = args.k, args.max_new_tokens
 
-    def generate(self, decoder: Any, prompts: list[list[int]]) -> list[list[int]]:
+    def generate(
+        self, decoder: Any, prompts: list[list[int]], *, eos: int | None = None, max_new: int | None = None
+    ) -> list[list[int]]:
         ids, mask = pad_prompts(prompts, self.device)
         return decoder.generate(
             self.target,
@@ -122,8 +126,8 @@ class Bench:
             ids,
             mask,
             num_draft_tokens=self.k,
-            max_new_tokens=self.max_new,
-            eos_token_id=None,
+            max_new_tokens=max_new or self.max_new,
+            eos_token_id=eos,
             pad_token_id=0,
         )
 
@@ -214,9 +218,14 @@ class Bench:
     # ---------------------------------------------------------------- 2: grouping, calls, throughput
     def grouping(self) -> dict[str, Any]:
         n, sizes = self.cfg["pool_size"], self.cfg["group_batch_sizes"]
+        same = make_prompts(n, self.args.seed * 1000 + 8, length=SAME_LEN)
+        eos = self.frequent_token(same)
+        # pool -> (prompts, eos, max_new_tokens); the last one has ragged output lengths, as real
+        # requests do: EOS is the target's most frequent greedy token on those prompts
         pools = {
-            "random": make_prompts(n, self.args.seed * 1000 + 7),
-            "identical": make_prompts(n, self.args.seed * 1000 + 8, length=SAME_LEN),
+            "random": (make_prompts(n, self.args.seed * 1000 + 7), None, self.max_new),
+            "identical": (same, None, self.max_new),
+            "identical+eos": (same, eos, EOS_MAX_NEW),
         }
         counter = CallCounter(self.target)
         decoders = ["EXSPEC", "EQSPEC", "batched-greedy"]
@@ -225,17 +234,23 @@ class Bench:
         try:
             for rep in range(self.cfg["group_repeats"]):
                 for i, b in enumerate(sizes):
-                    for pool_name, prompts in pools.items():
+                    for pool_name, (prompts, pool_eos, max_new) in pools.items():
                         for name in rotated(decoders, rep + i):
                             counter.reset()
-                            run, out = self._pool_run(name, b, prompts)
+                            run, out = self._pool_run(name, b, prompts, pool_eos, max_new)
                             run.update(prefill_calls=counter.prefill, verify_calls=counter.decode)
                             runs.setdefault((pool_name, b, name), []).append(run)
                             outputs.setdefault((pool_name, b, name), out)
                 print(f"  grouping repeat {rep + 1}/{self.cfg['group_repeats']} done", flush=True)
         finally:
             counter.remove()
-        summary: dict[str, Any] = {"batch_sizes": sizes, "pool_size": n, "same_length": SAME_LEN, "pools": {}}
+        summary: dict[str, Any] = {
+            "batch_sizes": sizes,
+            "pool_size": n,
+            "same_length": SAME_LEN,
+            "eos_pool": {"eos_token_id": eos, "max_new_tokens": EOS_MAX_NEW},
+            "pools": {},
+        }
         for pool_name in pools:
             per_b = {}
             for b in sizes:
@@ -269,10 +284,25 @@ class Bench:
                 )
                 per_b[str(b)] = entry
             summary["pools"][pool_name] = per_b
+        lengths = sorted(len(row) for row in outputs[("identical+eos", sizes[0], "EQSPEC")])
+        summary["eos_pool"]["output_lengths"] = {
+            "min": lengths[0],
+            "median": statistics.median(lengths),
+            "max": lengths[-1],
+            "at_limit": sum(n == EOS_MAX_NEW for n in lengths),
+        }
         summary["repeats"] = self.cfg["group_repeats"]
         return summary
 
-    def _pool_run(self, name: str, b: int, prompts: list[list[int]]) -> tuple[dict[str, Any], list[list[int]]]:
+    def frequent_token(self, prompts: list[list[int]]) -> int:
+        """The target's most frequent greedy token on `prompts` (EOS-blind EQSPEC run, ties to the lower id)."""
+        out = self.generate(self.new(TimedEqSpec), prompts, max_new=EOS_MAX_NEW)
+        counts = Counter(t for row in out for t in row)
+        return min(counts, key=lambda t: (-counts[t], t))
+
+    def _pool_run(
+        self, name: str, b: int, prompts: list[list[int]], eos: int | None, max_new: int
+    ) -> tuple[dict[str, Any], list[list[int]]]:
         """One decoder over the whole pool: EXSPEC takes the pool at once (window 2B); EQSPEC and
         batched greedy take static batches of B in arrival order."""
         if name == "EXSPEC":
@@ -287,7 +317,7 @@ class Bench:
                 return batch
 
             decoder.schedule = schedule
-            out = self.generate(decoder, prompts)
+            out = self.generate(decoder, prompts, eos=eos, max_new=max_new)
             t = decoder.times
             align = t["round"] - t["propose"] - t["verify"]  # stack + unstack + accept/commit
             return {
@@ -311,7 +341,7 @@ class Bench:
                     return _orig(target, state, drafts)
 
                 decoder.batch_verify = verify
-            out += self.generate(decoder, prompts[start : start + b])
+            out += self.generate(decoder, prompts[start : start + b], eos=eos, max_new=max_new)
             total += decoder.times["total"]
             align += decoder.times.get("realign", 0.0)
         return {"total_s": total, "align_s": align, "tokens": sum(map(len, out)), "row_rounds": row_rounds}, out
@@ -320,52 +350,62 @@ class Bench:
     def latency(self) -> dict[str, Any]:
         n = self.cfg["requests"]
         prompts = make_prompts(n, self.args.seed * 1000 + 9)
-        common = {"k": self.k, "max_new_tokens": self.max_new, "device": self.device, "sync": self.sync}
-        summary: dict[str, Any] = {"requests": n, "load": self.args.load, "batch_sizes": {}}
-        for b in self.cfg["latency_batch_sizes"]:
-            # calibration: EQSPEC's busy time with every request present at t=0 sets the trace's scale
-            offline = [0.0] * n
-            serve_eqspec(self.target, self.draft, prompts[: 2 * b], offline[: 2 * b], batch_size=b, **common)
-            service = [serve_eqspec(self.target, self.draft, prompts, offline, batch_size=b, **common).busy_s]
-            mean_gap = statistics.median(service) / n / self.args.load
-            trace = arrival_trace(n, mean_gap, self.args.seed * 1000 + b)
-            runs: dict[str, list[dict[str, float]]] = {"EQSPEC": [], "EXSPEC": []}
-            for rep in range(self.cfg["latency_repeats"]):
-                for name in rotated(list(runs), rep):
-                    if name == "EQSPEC":
-                        res = serve_eqspec(self.target, self.draft, prompts, trace, batch_size=b, **common)
-                    else:
-                        res = ExSpecServer(batch_size=b, window=2 * b).serve(
-                            self.target, self.draft, prompts, trace, **common
-                        )
-                    lat = res.latencies
-                    makespan = max(res.finish) - min(res.arrival)
-                    runs[name].append(
-                        {
-                            "p50_s": percentile(lat, 50),
-                            "p90_s": percentile(lat, 90),
-                            "p99_s": percentile(lat, 99),
-                            "mean_s": statistics.fmean(lat),
-                            "max_s": max(lat),
-                            "tokens_per_s": res.tokens / makespan,
-                            "busy_tokens_per_s": res.tokens / res.busy_s,
-                            "makespan_s": makespan,
-                        }
-                    )
-            entry: dict[str, Any] = {
-                "mean_interarrival_ms": 1e3 * mean_gap,
-                "eqspec_offline_busy_ms": 1e3 * service[0],
-                "window": 2 * b,
-            }
-            for name, rs in runs.items():
-                entry[name] = {key: median([r[key] for r in rs]) for key in rs[0]}
-            entry["exspec_over_eqspec"] = {
-                key: entry["EXSPEC"][key] / entry["EQSPEC"][key] for key in ("p50_s", "p90_s", "p99_s", "tokens_per_s")
-            }
-            summary["batch_sizes"][str(b)] = entry
-            print(f"  latency B={b} done", flush=True)
+        eos = self.frequent_token(prompts)
+        # workload -> (eos, max_new_tokens): every request wants the same number of tokens, or
+        # requests stop at an EOS (the target's most frequent greedy token) and lengths vary
+        workloads = {"fixed": (None, self.max_new), "eos": (eos, EOS_MAX_NEW)}
+        summary: dict[str, Any] = {"requests": n, "load": self.args.load, "workloads": {}}
+        for workload, (w_eos, max_new) in workloads.items():
+            common = {"k": self.k, "max_new_tokens": max_new, "device": self.device, "sync": self.sync}
+            common["eos_token_id"] = w_eos
+            per_b: dict[str, Any] = {}
+            for b in self.cfg["latency_batch_sizes"]:
+                # calibration: EQSPEC's busy time with every request present at t=0 sets the trace's scale
+                offline = [0.0] * n
+                serve_eqspec(self.target, self.draft, prompts[: 2 * b], offline[: 2 * b], batch_size=b, **common)
+                service = serve_eqspec(self.target, self.draft, prompts, offline, batch_size=b, **common).busy_s
+                mean_gap = service / n / self.args.load
+                trace = arrival_trace(n, mean_gap, self.args.seed * 1000 + b)
+                runs: dict[str, list[dict[str, float]]] = {"EQSPEC": [], "EXSPEC": []}
+                for rep in range(self.cfg["latency_repeats"]):
+                    for name in rotated(list(runs), rep):
+                        if name == "EQSPEC":
+                            res = serve_eqspec(self.target, self.draft, prompts, trace, batch_size=b, **common)
+                        else:
+                            server = ExSpecServer(batch_size=b, window=2 * b)
+                            res = server.serve(self.target, self.draft, prompts, trace, **common)
+                        runs[name].append(_latency_stats(res))
+                entry: dict[str, Any] = {
+                    "mean_interarrival_ms": 1e3 * mean_gap,
+                    "eqspec_offline_busy_ms": 1e3 * service,
+                    "window": 2 * b,
+                }
+                for name, rs in runs.items():
+                    entry[name] = {key: median([r[key] for r in rs]) for key in rs[0]}
+                entry["exspec_over_eqspec"] = {
+                    key: entry["EXSPEC"][key] / entry["EQSPEC"][key]
+                    for key in ("p50_s", "p90_s", "p99_s", "tokens_per_s", "busy_tokens_per_s")
+                }
+                per_b[str(b)] = entry
+                print(f"  latency {workload} B={b} done", flush=True)
+            summary["workloads"][workload] = {"eos_token_id": w_eos, "max_new_tokens": max_new, "batch_sizes": per_b}
         summary["repeats"] = self.cfg["latency_repeats"]
         return summary
+
+
+def _latency_stats(res: Any) -> dict[str, float]:
+    lat = res.latencies
+    makespan = max(res.finish) - min(res.arrival)
+    return {
+        "p50_s": percentile(lat, 50),
+        "p90_s": percentile(lat, 90),
+        "p99_s": percentile(lat, 99),
+        "mean_s": statistics.fmean(lat),
+        "max_s": max(lat),
+        "tokens_per_s": res.tokens / makespan,
+        "busy_tokens_per_s": res.tokens / res.busy_s,
+        "makespan_s": makespan,
+    }
 
 
 def _iqr(values: list[float]) -> list[float]:

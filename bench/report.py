@@ -7,6 +7,13 @@ from typing import Any
 
 ALIGN_VARIANTS = ("EQSPEC", "EQSPEC-loop", "LazySpec")
 POOL_DECODERS = ("EXSPEC", "EQSPEC", "batched-greedy")
+POOL_LABELS = {
+    "random": "random prompt lengths",
+    "identical": "identical prompt lengths",
+    "identical+eos": "identical, EOS stops",
+}
+HATCHES = (None, "//", "..")
+WORKLOADS = {"fixed": "fixed output length", "eos": "EOS stops"}
 
 
 def _pct(x: float) -> str:
@@ -34,19 +41,24 @@ def headline(results: dict[str, Any]) -> dict[str, str]:
         )
     group = results.get("grouping")
     if group:
-        same = group["pools"]["identical"]
-        parts = [f"B={b}: {same[b]['exspec_over_eqspec_verify_calls']:.2f}x" for b in same]
-        lines["verify_calls"] = "EXSPEC/EQSPEC verification calls, identical-length pool: " + ", ".join(parts)
+        for pool, what in (("identical", "identical-length pool"), ("identical+eos", "same pool with EOS stops")):
+            per_b = group["pools"][pool]
+            parts = [f"B={b}: {per_b[b]['exspec_over_eqspec_verify_calls']:.2f}x" for b in per_b]
+            lines[f"verify_calls_{pool}"] = f"EXSPEC/EQSPEC verification calls, {what}: " + ", ".join(parts)
     lat = results.get("latency")
-    if lat:
-        ratios = {b: e["exspec_over_eqspec"] for b, e in lat["batch_sizes"].items()}
+    for workload, w in (lat or {}).get("workloads", {}).items():
+        ratios = {b: e["exspec_over_eqspec"] for b, e in w["batch_sizes"].items()}
         parts = [
             f"B={b}: P50 {x['p50_s']:.2f}x, P90 {x['p90_s']:.2f}x, P99 {x['p99_s']:.2f}x, "
-            f"throughput {x['tokens_per_s']:.2f}x"
+            f"throughput {x['tokens_per_s']:.2f}x (busy {x['busy_tokens_per_s']:.2f}x)"
             for b, x in ratios.items()
         ]
-        lines["latency"] = "EXSPEC/EQSPEC under the arrival trace: " + "; ".join(parts)
+        lines[f"latency_{workload}"] = f"EXSPEC/EQSPEC latency, {WORKLOADS[workload]}: " + "; ".join(parts)
     return lines
+
+
+def _lengths(stats: dict[str, Any]) -> str:
+    return f"min {stats['min']}, median {stats['median']}, max {stats['max']} ({stats['at_limit']} at the limit)"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -97,6 +109,12 @@ def markdown(results: dict[str, Any]) -> str:
             f"## 2. EXSPEC grouping, verification calls, throughput (pool of {group['pool_size']}, "
             f"window 2B, median of {group['repeats']} repeats)",
             "",
+            f"Pools: `random` prompt lengths {cfg['prompt_lengths'][0]}..{cfg['prompt_lengths'][1]}; `identical` "
+            f"all {group['same_length']} tokens; both run to max_new_tokens={cfg['max_new_tokens']} (no EOS). "
+            f"`identical+eos`: the identical prompts, EOS = token {group['eos_pool']['eos_token_id']} (the target's "
+            f"most frequent greedy token there), max_new_tokens={group['eos_pool']['max_new_tokens']}: output lengths "
+            f"{_lengths(group['eos_pool']['output_lengths'])}.",
+            "",
             "Verification calls are target forwards on a non-empty cache (prefill calls excluded; batched greedy's "
             "are its one-token decode steps). Alignment share: EQSPEC's realign, EXSPEC's stack/unstack "
             "(round minus propose and verify), over total time.",
@@ -123,20 +141,26 @@ def markdown(results: dict[str, Any]) -> str:
             f"## 3. Online latency ({lat['requests']} requests, Poisson arrivals at load {lat['load']}, "
             f"median of {lat['repeats']} repeats)",
             "",
-            "Load 1.0: mean inter-arrival gap = EQSPEC's offline busy time per request at that B.",
+            "Load 1.0: mean inter-arrival gap = EQSPEC's offline busy time per request at that B (measured "
+            "just before). Random prompt lengths. tok/s = tokens / makespan; busy tok/s = tokens / compute time.",
             "",
-            "| B | gap ms | decoder | P50 ms | P90 ms | P99 ms | max ms | tok/s | busy tok/s |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| workload | B | gap ms | decoder | P50 ms | P90 ms | P99 ms | max ms | tok/s | busy tok/s |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for b, e in lat["batch_sizes"].items():
-            for name in ("EQSPEC", "EXSPEC"):
-                d = e[name]
-                out.append(
-                    f"| {b} | {e['mean_interarrival_ms']:.1f} | {name} | {1e3 * d['p50_s']:.0f} "
-                    f"| {1e3 * d['p90_s']:.0f} "
-                    f"| {1e3 * d['p99_s']:.0f} | {1e3 * d['max_s']:.0f} | {d['tokens_per_s']:.0f} "
-                    f"| {d['busy_tokens_per_s']:.0f} |"
-                )
+        for w in lat["workloads"].values():
+            label = (
+                f"fixed ({w['max_new_tokens']} tokens)"
+                if w["eos_token_id"] is None
+                else f"EOS {w['eos_token_id']}, max {w['max_new_tokens']}"
+            )
+            for b, e in w["batch_sizes"].items():
+                for name in ("EQSPEC", "EXSPEC"):
+                    d = e[name]
+                    out.append(
+                        f"| {label} | {b} | {e['mean_interarrival_ms']:.1f} | {name} | {1e3 * d['p50_s']:.0f} "
+                        f"| {1e3 * d['p90_s']:.0f} | {1e3 * d['p99_s']:.0f} | {1e3 * d['max_s']:.0f} "
+                        f"| {d['tokens_per_s']:.0f} | {d['busy_tokens_per_s']:.0f} |"
+                    )
         out.append("")
     return "\n".join(out)
 
@@ -169,9 +193,9 @@ def figures(results: dict[str, Any], out: Path) -> list[str]:
         ax = axes[1]
         if group:
             sizes = group["batch_sizes"]
-            for pool, style in (("random", "o-"), ("identical", "s--")):
+            for pool, style in zip(group["pools"], ("o-", "s--", "^:")):
                 rate = [100 * group["pools"][pool][str(b)]["EXSPEC"]["grouping_rate"] for b in sizes]
-                ax.plot(sizes, rate, style, label=f"{pool} lengths")
+                ax.plot(sizes, rate, style, label=POOL_LABELS.get(pool, pool))
             ax.set_xscale("log", base=2)
             ax.set_xticks(sizes, [str(b) for b in sizes])
             ax.set_ylim(0, 105)
@@ -204,11 +228,13 @@ def figures(results: dict[str, Any], out: Path) -> list[str]:
     if group:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         sizes = group["batch_sizes"]
-        width = 0.13
-        for j, (pool, dec) in enumerate((p, d) for p in ("random", "identical") for d in POOL_DECODERS):
-            xs = [i + (j - 2.5) * width for i in range(len(sizes))]
+        pools = list(group["pools"])
+        bars = [(p, d) for p in pools for d in POOL_DECODERS]
+        width = 0.8 / len(bars)
+        for j, (pool, dec) in enumerate(bars):
+            xs = [i + (j - (len(bars) - 1) / 2) * width for i in range(len(sizes))]
             label = f"{dec}, {pool}"
-            hatch = "//" if pool == "identical" else None
+            hatch = HATCHES[pools.index(pool) % len(HATCHES)]
             calls = [group["pools"][pool][str(b)][dec]["verify_calls"] for b in sizes]
             tps = [group["pools"][pool][str(b)][dec]["tokens_per_s"] for b in sizes]
             color = f"C{POOL_DECODERS.index(dec)}"
@@ -220,27 +246,30 @@ def figures(results: dict[str, Any], out: Path) -> list[str]:
             ax.grid(alpha=0.3, axis="y")
         axes[0].set_title(f"verification calls, pool of {group['pool_size']}")
         axes[1].set_title(f"throughput ({device})")
-        axes[1].legend(fontsize=7)
+        axes[0].set_yscale("log")
+        axes[1].legend(fontsize=6)
         fig.tight_layout()
         fig.savefig(out / "calls_throughput.png", dpi=120)
         plt.close(fig)
         written.append("calls_throughput.png")
     if lat:
-        fig, ax = plt.subplots(figsize=(6.5, 4))
-        sizes = list(lat["batch_sizes"])
-        width = 0.13
-        for j, (name, q) in enumerate((n, q) for n in ("EQSPEC", "EXSPEC") for q in ("p50", "p90", "p99")):
-            xs = [i + (j - 2.5) * width for i in range(len(sizes))]
-            ys = [1e3 * lat["batch_sizes"][b][name][f"{q}_s"] for b in sizes]
-            color = "C0" if name == "EQSPEC" else "C1"
-            alpha = {"p50": 0.45, "p90": 0.7, "p99": 1.0}[q]
-            ax.bar(xs, ys, width, color=color, alpha=alpha, label=f"{name} {q.upper()}", edgecolor="black", lw=0.3)
-        ax.set_xticks(range(len(sizes)), [f"B={b}" for b in sizes])
-        ax.set_ylim(0, 1.4 * ax.get_ylim()[1])  # room for the legend above the bars
-        ax.set_ylabel("request latency (ms)")
-        ax.set_title(f"latency, {lat['requests']} Poisson arrivals, load {lat['load']} ({device})")
-        ax.legend(fontsize=7, ncol=2)
-        ax.grid(alpha=0.3, axis="y")
+        workloads = lat["workloads"]
+        fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
+        for ax, (workload, w) in zip(axes[0], workloads.items()):
+            sizes = list(w["batch_sizes"])
+            width = 0.13
+            for j, (name, q) in enumerate((n, q) for n in ("EQSPEC", "EXSPEC") for q in ("p50", "p90", "p99")):
+                xs = [i + (j - 2.5) * width for i in range(len(sizes))]
+                ys = [1e3 * w["batch_sizes"][b][name][f"{q}_s"] for b in sizes]
+                color = "C0" if name == "EQSPEC" else "C1"
+                alpha = {"p50": 0.45, "p90": 0.7, "p99": 1.0}[q]
+                ax.bar(xs, ys, width, color=color, alpha=alpha, label=f"{name} {q.upper()}", edgecolor="black", lw=0.3)
+            ax.set_xticks(range(len(sizes)), [f"B={b}" for b in sizes])
+            ax.set_ylim(0, 1.4 * ax.get_ylim()[1])  # room for the legend above the bars
+            ax.set_ylabel("request latency (ms)")
+            ax.set_title(f"{WORKLOADS[workload]}: {lat['requests']} Poisson arrivals, load {lat['load']} ({device})")
+            ax.legend(fontsize=7, ncol=2)
+            ax.grid(alpha=0.3, axis="y")
         fig.tight_layout()
         fig.savefig(out / "latency.png", dpi=120)
         plt.close(fig)

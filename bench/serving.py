@@ -103,6 +103,7 @@ def serve_eqspec(
     max_new_tokens: int,
     device: torch.device,
     sync: Callable[[], None],
+    eos_token_id: int | None = None,
 ) -> ServeResult:
     """Static batches of up to `batch_size` arrived requests, each run to completion by EQSPEC."""
     clock = make_clock(sync)
@@ -130,7 +131,7 @@ def serve_eqspec(
             mask,
             num_draft_tokens=k,
             max_new_tokens=max_new_tokens,
-            eos_token_id=None,
+            eos_token_id=eos_token_id,
             pad_token_id=0,
         )
         elapsed = clock() - start
@@ -156,6 +157,7 @@ class ExSpecServer(ExSpec):
         max_new_tokens: int,
         device: torch.device,
         sync: Callable[[], None],
+        eos_token_id: int | None = None,
     ) -> ServeResult:
         clock = make_clock(sync)
         n = len(prompts)
@@ -176,12 +178,14 @@ class ExSpecServer(ExSpec):
             if admitted:
                 ids, mask = pad_prompts([prompts[i] for i in admitted], device)
                 fresh = self.prefill_rows(target, draft, ids, mask, admitted)
-                done = self.commit(out, torch.tensor(admitted), [[s.pending] for s in fresh], max_new_tokens, None)
+                done = self.commit(
+                    out, torch.tensor(admitted), [[s.pending] for s in fresh], max_new_tokens, eos_token_id
+                )
                 active += [s for s, d in zip(fresh, done.tolist()) if not d]
                 done_rows += [s.row for s, d in zip(fresh, done.tolist()) if d]
             if active:
                 batch = self.schedule(active)
-                finished = self.round(target, draft, batch, k, out, max_new_tokens, None)
+                finished = self.round(target, draft, batch, k, out, max_new_tokens, eos_token_id)
                 for s in active:
                     s.waited = 0 if s in batch else s.waited + 1
                 active = [s for s in active if s.row not in finished]

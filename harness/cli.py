@@ -7,19 +7,23 @@ gets one clear line on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.pytest_plugin import DEFAULT_DECODERS, DEFAULT_MODELS
 
-CHECK_ORDER = ("contract", "I1", "I2", "equivalence", "token-preservation")
+if TYPE_CHECKING:
+    from harness.case import Case
+    from harness.diagnosis import Diagnosis
 
 
 @dataclass
 class Verdict:
-    """One decoder on one model: what ran and the first failure, if any (shrunk by Hypothesis)."""
+    """One decoder on one model: what ran and, on failure, the diagnosis of the shrunk case."""
 
     decoder: str
     model: str
@@ -27,21 +31,16 @@ class Verdict:
     seconds: float = 0.0
     exact_rows: int = 0
     rows: int = 0
-    failure: str | None = None  # rendered evidence of the minimal failing case
-    failed_check: str | None = None
-    case: str | None = None
+    diagnosis: Diagnosis | None = None
 
     @property
     def passed(self) -> bool:
-        return self.failure is None
+        return self.diagnosis is None
 
 
-@dataclass
 class _Failed(Exception):
-    check: str
-    evidence: str
-    case: str
-    notes: list[str] = field(default_factory=list)
+    def __init__(self, case: Case) -> None:
+        self.case = case
 
 
 def audit_model(spec: str, model: str, examples: int, seed: int, progress: bool) -> Verdict:
@@ -50,16 +49,9 @@ def audit_model(spec: str, model: str, examples: int, seed: int, progress: bool)
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
 
-    from harness.checks import (
-        check_contract,
-        check_equivalence,
-        check_i1,
-        check_i2,
-        check_token_preservation,
-        equivalence,
-        render,
-    )
+    from harness.checks import equivalence
     from harness.contract import load_decoder
+    from harness.diagnosis import all_violations, diagnose
     from harness.runner import run_case
     from harness.strategies import cases
 
@@ -69,54 +61,53 @@ def audit_model(spec: str, model: str, examples: int, seed: int, progress: bool)
 
     @hseed(seed)
     @settings(
-        max_examples=examples,
-        deadline=None,
-        database=None,
-        derandomize=False,
-        suppress_health_check=list(HealthCheck),
-        print_blob=False,
+        max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck), print_blob=False
     )
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
         case = data.draw(cases(model), label="case")
         run = run_case(spec, case, factory=factory)
-        violations = check_contract(run)
-        if not violations:
-            verdict.examples += 1
-            eq = equivalence(run)
-            verdict.rows += len(eq.rows)
-            verdict.exact_rows += sum(r.exact for r in eq.rows)
-            for check in (check_i1, check_i2, check_equivalence, check_token_preservation):
-                violations += check(run)
+        verdict.examples += 1
+        if run.outputs is not None:
+            rows = equivalence(run).rows
+            verdict.rows += len(rows)
+            verdict.exact_rows += sum(r.exact for r in rows)
         if progress and sys.stderr.isatty():
             print(f"\r  {spec} on {model}: {verdict.examples} cases run", end="", file=sys.stderr, flush=True)
-        if violations:
-            first = min(violations, key=lambda v: CHECK_ORDER.index(v.check))
-            raise _Failed(first.check, render(violations, limit=3), repr(case))
+        if all_violations(run):
+            raise _Failed(case)
 
     try:
         prop()
-    except _Failed as failed:
-        verdict.failure, verdict.failed_check, verdict.case = failed.evidence, failed.check, failed.case
+    except _Failed as failed:  # Hypothesis re-raises the minimal case's failure last
+        verdict.diagnosis = diagnose(run_case(spec, failed.case, factory=factory))
     verdict.seconds = time.perf_counter() - start
     if progress:
-        status = "PASS" if verdict.passed else f"FAIL ({verdict.failed_check})"
+        status = "PASS" if verdict.passed else f"FAIL ({verdict.diagnosis.first_check})"  # type: ignore[union-attr]
         end = "\r" if sys.stderr.isatty() else ""
         print(f"{end}  {spec} on {model}: {status} after {verdict.seconds:.1f} s", file=sys.stderr, flush=True)
     return verdict
 
 
 def format_table(verdicts: list[Verdict]) -> str:
-    header = f"{'decoder':<34} {'model':<12} {'cases':>5} {'exact rows':>10} {'seconds':>8}  verdict"
+    header = (
+        f"{'decoder':<40} {'model':<12} {'cases':>5} {'exact rows':>10} {'seconds':>8}  "
+        f"{'verdict':<8} {'first check':<18} signature"
+    )
     lines = [header, "-" * len(header)]
     for v in verdicts:
+        d = v.diagnosis
         exact = f"{v.exact_rows}/{v.rows}"
-        result = "PASS" if v.passed else f"FAIL ({v.failed_check})"
-        lines.append(f"{v.decoder:<34} {v.model:<12} {v.examples:>5} {exact:>10} {v.seconds:>8.1f}  {result}")
+        result = "PASS" if d is None else "FAIL"
+        check, signature = (d.first_check or "", d.signature or "") if d else ("", "")
+        lines.append(
+            f"{v.decoder:<40} {v.model:<12} {v.examples:>5} {exact:>10} {v.seconds:>8.1f}  "
+            f"{result:<8} {check:<18} {signature}"
+        )
     for v in verdicts:
-        if not v.passed:
-            lines += ["", f"{v.decoder} on {v.model}: minimal failing case", f"  {v.case}"]
-            lines += [f"  {line}" for line in (v.failure or "").splitlines()]
+        if v.diagnosis is not None:
+            lines += ["", f"{v.decoder} on {v.model}: minimal failing case"]
+            lines += ["  " + line for line in v.diagnosis.render().splitlines()[1:]]
     return "\n".join(lines)
 
 
@@ -150,10 +141,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    """Replay one case file against a decoder and print the evidence."""
+    """Replay one case file against a decoder and print its diagnosis."""
     from harness.case import Case, CaseFormatError
-    from harness.checks import check_contract, check_equivalence, check_i1, check_i2, check_token_preservation, render
     from harness.contract import DecoderLoadError, load_decoder
+    from harness.diagnosis import diagnose
     from harness.runner import run_case
 
     try:
@@ -162,16 +153,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except (CaseFormatError, DecoderLoadError) as exc:
         return usage_error(str(exc))
     try:
-        run = run_case(args.decoder, case, factory=factory)
+        diagnosis = diagnose(run_case(args.decoder, case, factory=factory))
     except ValueError as exc:  # a case naming an unknown model, draft or dtype
         return usage_error(str(exc))
-    violations = check_contract(run)
-    if not violations:
-        for check in (check_i1, check_i2, check_equivalence, check_token_preservation):
-            violations += check(run)
-    print(f"{args.decoder} on {case!r}")
-    print(render(violations, limit=20) if violations else "PASS: every check holds")
-    return 1 if violations else 0
+    print(json.dumps(diagnosis.to_json(), indent=1) if args.json else diagnosis.render())
+    return 0 if diagnosis.passed else 1
 
 
 def usage_error(message: str) -> int:
@@ -192,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="replay a case file (a reproducer) against a decoder")
     replay.add_argument("case", type=Path, metavar="FILE")
     replay.add_argument("--decoder", required=True, metavar="MODULE:ATTR")
+    replay.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     replay.set_defaults(func=cmd_replay)
     return parser
 
