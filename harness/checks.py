@@ -210,6 +210,8 @@ def _row_views(run: Run) -> tuple[list[RowView], list[Violation]]:
     for call in run.recording.target_calls:
         if call.input_ids is None or call.input_ids.dim() != 2:
             continue
+        if not call.sampled:
+            continue  # I2 sampled out for this call (real-model mode bounds its cost)
         if call.past_length and not call.cache_after:
             violations.append(
                 Violation("I2", "cache-readable", "a target call whose output has no cache", "a cache", call.index)

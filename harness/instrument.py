@@ -7,7 +7,8 @@ place and the checks run after the decoder returns.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,8 @@ class CallRecord:
     layer_lengths: tuple[int, ...]  # P of every cache layer before the call
     cache_batch: int | None  # rows in the cache before the call (None: empty cache)
     cache_after: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # [B, H, S, D]
+    sampled: bool = True  # False: I1 only, no snapshot, I2 skipped (bounds the cost on real models)
+    seconds: float = 0.0  # wall time of the forward itself
 
     @property
     def past_length(self) -> int:
@@ -43,7 +46,7 @@ def _clone(x: Any) -> torch.Tensor | None:
     return x.detach().clone() if isinstance(x, torch.Tensor) else None
 
 
-def _pre_hook(role: str, calls: list[CallRecord]) -> Any:
+def _pre_hook(role: str, calls: list[CallRecord], sample: Callable[[int], bool]) -> Any:
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         cache = cache_from_call(args, kwargs)
         layers = cache_layers(cache) if cache is not None else []
@@ -57,6 +60,8 @@ def _pre_hook(role: str, calls: list[CallRecord]) -> Any:
                 position_ids=_clone(kwargs.get("position_ids")),
                 layer_lengths=tuple(int(k.shape[-2]) for k, _ in layers),
                 cache_batch=int(layers[0][0].shape[0]) if layers else None,
+                sampled=sample(len(calls)),
+                seconds=-time.perf_counter(),
             )
         )
 
@@ -65,23 +70,40 @@ def _pre_hook(role: str, calls: list[CallRecord]) -> Any:
 
 def _post_hook(calls: list[CallRecord], snapshot: bool) -> Any:
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        if not calls:
+            return
+        call = calls[-1]
         cache = output_cache(output)
-        if snapshot and cache is not None and calls:
-            calls[-1].cache_after = [(k.detach().clone(), v.detach().clone()) for k, v in cache_layers(cache)]
+        if snapshot and call.sampled and cache is not None:
+            call.cache_after = [(k.detach().clone(), v.detach().clone()) for k, v in cache_layers(cache)]
+        call.seconds += time.perf_counter()
 
     return hook
 
 
+def every_call(index: int) -> bool:
+    return True
+
+
 @contextmanager
-def instrument(target: torch.nn.Module, draft: torch.nn.Module | None) -> Iterator[Recording]:
-    """Record target and draft calls while the block runs; hooks are removed afterwards."""
+def instrument(
+    target: torch.nn.Module, draft: torch.nn.Module | None, sample: Callable[[int], bool] = every_call
+) -> Iterator[Recording]:
+    """Record target and draft calls while the block runs; hooks are removed afterwards.
+
+    `sample(i)` says whether target call i keeps a cache snapshot for I2; unsampled calls
+    are still recorded and checked for I1.
+    """
     recording = Recording()
     handles = [
-        target.register_forward_pre_hook(_pre_hook("target", recording.target_calls), with_kwargs=True),
+        target.register_forward_pre_hook(_pre_hook("target", recording.target_calls, sample), with_kwargs=True),
         target.register_forward_hook(_post_hook(recording.target_calls, snapshot=True), with_kwargs=True),
     ]
     if draft is not None and draft is not target:
-        handles.append(draft.register_forward_pre_hook(_pre_hook("draft", recording.draft_calls), with_kwargs=True))
+        handles += [
+            draft.register_forward_pre_hook(_pre_hook("draft", recording.draft_calls, every_call), with_kwargs=True),
+            draft.register_forward_hook(_post_hook(recording.draft_calls, snapshot=False), with_kwargs=True),
+        ]
     try:
         yield recording
     finally:

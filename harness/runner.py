@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import OrderedDict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,22 @@ class Run:
     instance: Any = None  # the decoder object, for its declared capabilities (e.g. max_wait_calls)
     memo: dict[str, Any] = field(default_factory=dict)  # derived views, computed once per run
 
+    @property
+    def generated_tokens(self) -> int:
+        return sum(map(len, self.outputs or []))
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def outside_models_share(self) -> float:
+        """Share of the decoder's time spent outside target and draft forwards: realignment,
+        acceptance and bookkeeping (the alignment overhead, as far as hooks can see)."""
+        calls = self.recording.target_calls + self.recording.draft_calls
+        inside = sum(c.seconds for c in calls)
+        return max(0.0, 1.0 - inside / self.seconds) if self.seconds > 0 and calls else 0.0
+
 
 def oracle_continuation(model: str, dtype: str, prompt: tuple[int, ...], horizon: int) -> OracleResult:
     """The EOS-blind greedy continuation, long enough for the draft to look past the limit.
@@ -60,8 +77,14 @@ def oracle_outputs(case: Case) -> tuple[list[OracleResult], list[RequestScript]]
     return oracle, scripts
 
 
-def run_case(decoder_spec: str, case: Case, *, factory: Any = None, timeout_s: float = 120.0) -> Run:
-    """Run `decoder_spec` (or an already loaded `factory`) on `case` and record everything."""
+def run_case(
+    decoder_spec: str, case: Case, *, factory: Any = None, timeout_s: float = 120.0, instrumented: bool = True
+) -> Run:
+    """Run `decoder_spec` (or an already loaded `factory`) on `case` and record everything.
+
+    `instrumented=False` runs without hooks (an empty recording): the baseline for measuring
+    the instrumentation's own overhead.
+    """
     factory = factory or load_decoder(decoder_spec)
     decoder = instantiate(factory, decoder_spec)
     oracle, scripts = oracle_outputs(case)
@@ -70,7 +93,7 @@ def run_case(decoder_spec: str, case: Case, *, factory: Any = None, timeout_s: f
     input_ids, attention_mask = case.batch()
     outputs, error = None, None
     start = time.perf_counter()
-    with instrument(target, draft) as recording:
+    with instrument(target, draft) if instrumented else nullcontext(Recording()) as recording:
         try:
             outputs = call_decoder(
                 decoder,

@@ -1,0 +1,12 @@
+"""Adapters that put other people's speculative decoders under the harness.
+
+- `hf_assisted.HFAssisted`: Hugging Face assisted generation (`generate(assistant_model=...)`),
+  batch size 1 looped over rows, under the decoder contract: every check applies.
+- `blackbox`: engines that own their models (token prompts in, tokens out), e.g. a vLLM
+  `LLM`; only equivalence with the batch-size-1 oracle can be checked (docs/vllm_example.md).
+"""
+
+from harness.adapters.blackbox import BlackBoxEngine, BlackBoxResult, DecoderEngine, audit_blackbox
+from harness.adapters.hf_assisted import HFAssisted, UnsupportedModelError
+
+__all__ = ["BlackBoxEngine", "BlackBoxResult", "DecoderEngine", "HFAssisted", "UnsupportedModelError", "audit_blackbox"]

@@ -1,0 +1,86 @@
+"""Search for a failing case with Hypothesis: the engine behind `specaudit audit` and the kill table.
+
+Generation stops at the first failing case (its example count and time are recorded); then
+Hypothesis shrinks it, and the minimal case is what gets diagnosed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harness.case import Case
+from harness.diagnosis import all_violations
+from harness.runner import Run, run_case
+
+
+@dataclass
+class SearchResult:
+    examples: int = 0  # cases run before and including the first failure (all, if none failed)
+    seconds_to_first: float | None = None
+    seconds: float = 0.0
+    minimal: Case | None = None  # the shrunk failing case, None when every case passed
+
+    @property
+    def found(self) -> bool:
+        return self.minimal is not None
+
+
+class _Failed(Exception):
+    def __init__(self, case: Case) -> None:
+        self.case = case
+
+
+def search(
+    spec: str,
+    model: str,
+    *,
+    max_examples: int,
+    seed: int,
+    factory: Any = None,
+    shrink: bool = True,
+    on_run: Callable[[Run], None] | None = None,
+) -> SearchResult:
+    """Run generated cases until one fails every check's scrutiny (or the budget ends)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+    from hypothesis import strategies as st
+
+    from harness.contract import load_decoder
+    from harness.strategies import cases
+
+    factory = factory or load_decoder(spec)
+    result = SearchResult()
+    start = time.perf_counter()
+    phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
+
+    @hseed(seed)
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        case = data.draw(cases(model), label="case")
+        run = run_case(spec, case, factory=factory)
+        if result.seconds_to_first is None:
+            result.examples += 1
+            if on_run is not None:
+                on_run(run)
+        if all_violations(run):
+            if result.seconds_to_first is None:
+                result.seconds_to_first = time.perf_counter() - start
+            raise _Failed(case)
+
+    try:
+        prop()
+    except _Failed as failed:  # Hypothesis re-raises the minimal case's failure last
+        result.minimal = failed.case
+    result.seconds = time.perf_counter() - start
+    return result
