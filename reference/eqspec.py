@@ -107,7 +107,7 @@ class EqSpec:
     def batch_verify(self, target: torch.nn.Module, state: BatchState, drafts: torch.Tensor) -> torch.Tensor:
         """One target forward over [pending, drafts]; returns the target's argmax [B, K + 1]."""
         block = torch.cat([state.pending[:, None], drafts], dim=1)  # [B, K + 1]
-        positions = state.lengths[:, None] + torch.arange(block.shape[1])  # [B, K + 1]
+        positions = state.lengths[:, None] + torch.arange(block.shape[1], device=block.device)  # [B, K + 1]
         mask = torch.cat([state.mask, state.mask.new_ones(block.shape)], dim=1)  # [B, S + K + 1]
         logits, state.target_cache = call_model(target, block, mask, positions, state.target_cache)
         return logits.argmax(-1)
@@ -151,7 +151,9 @@ class EqSpec:
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
     ) -> BatchState:
         """Unpad, append, repad: keep the prompt, verified slots, pending and accepted drafts."""
-        block = torch.arange(k + 1)[None, :] <= accepted[:, None]  # [B, K + 1] pending + accepted
+        block = (
+            torch.arange(k + 1, device=accepted.device)[None, :] <= accepted[:, None]
+        )  # [B, K + 1] pending + accepted
         keep = torch.cat([state.mask.bool(), block], dim=1)  # [B, S + K + 1]
         draft_keep = torch.cat([state.draft_mask.bool(), block], dim=1)
         return self.gather_rows(state, keep, draft_keep, bonus, finished)
@@ -176,7 +178,7 @@ def repad(cache: Any, keep: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     lengths = keep.sum(1)  # [B']
     width = int(lengths.max()) if active.numel() else 0
     order = torch.sort((~keep).long(), dim=1, stable=True).indices  # kept slots first, in order
-    rank = torch.arange(width)[None, :] - (width - lengths)[:, None]  # [B', W]; < 0 on pads
+    rank = torch.arange(width, device=keep.device)[None, :] - (width - lengths)[:, None]  # [B', W]; < 0 on pads
     source = order.gather(1, rank.clamp(min=0))  # [B', W]
     layers = []
     for k, v in cache_layers(cache):  # [B, H, S_old, D]

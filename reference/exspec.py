@@ -3,7 +3,8 @@
 Paper, section 3.2. Each sequence keeps its own unpadded caches ([1, H, S, D] per layer).
 Every round the scheduler looks at a sliding window of more than B sequences:
 
-  - group:    if two or more sequences in the window have the same length S, up to B of them
+  - group:    if at least `min_group` (default half of B, at least 2) sequences in the window
+              have the same length S, up to B of them
               are stacked as they are: no pad, no mask zeros, identical positions, and after
               verification each row's cache is only cut at its own tail (no slot moves);
   - fallback: otherwise the oldest B are left-padded into one rectangle (EQSPEC's repad) and
@@ -50,7 +51,8 @@ def stack(sequences: list[Sequence], which: str) -> tuple[DynamicCache, torch.Te
     """Stack per-sequence caches into one batch cache, left-padding shorter rows. Returns the
     cache and its mask [B, S_max]; with equal lengths nothing is padded."""
     width = max(s.length for s in sequences)
-    mask = torch.tensor([[0] * (width - s.length) + [1] * s.length for s in sequences])
+    device = sequences[0].target_kv[0][0].device
+    mask = torch.tensor([[0] * (width - s.length) + [1] * s.length for s in sequences], device=device)
     per_seq = [getattr(s, which) for s in sequences]
     layers = []
     for layer in range(len(per_seq[0])):
@@ -70,10 +72,12 @@ class ExSpec(EqSpec):
 
     name = "EXSPEC"
 
-    def __init__(self, batch_size: int = 4, window: int = 8, max_wait: int = 3) -> None:
+    def __init__(self, batch_size: int = 4, window: int = 8, max_wait: int = 3, min_group: int | None = None) -> None:
         if batch_size < 1 or window < batch_size or max_wait < 1:
             raise ValueError("need batch_size >= 1, window >= batch_size and max_wait >= 1")
         self.batch_size, self.window, self.max_wait = batch_size, window, max_wait
+        # a group thinner than this is not worth a verification call of its own: pad instead
+        self.min_group = min_group if min_group is not None else max(2, (batch_size + 1) // 2)
         self.grouped_rounds = 0
         self.fallback_rounds = 0
 
@@ -142,11 +146,12 @@ class ExSpec(EqSpec):
 
     def schedule(self, active: list[Sequence]) -> list[Sequence]:
         """Pick this round's batch from the window (the active sequences, oldest first)."""
-        forced = [s for s in active if s.waited >= self.max_wait]
+        # longest wait first: serving forced sequences in pool order could starve a late one
+        forced = sorted((s for s in active if s.waited >= self.max_wait), key=lambda s: -s.waited)
         by_length = Counter(s.length for s in active)
         anchor = forced[0] if forced else max(active, key=lambda s: by_length[s.length])
         group = [s for s in active if s.length == anchor.length]
-        if len(group) >= 2 or len(active) == 1:
+        if len(group) >= min(self.min_group, len(active)):
             self.grouped_rounds += 1
             return ([anchor] + [s for s in group if s is not anchor])[: self.batch_size]
         self.fallback_rounds += 1
@@ -167,7 +172,7 @@ class ExSpec(EqSpec):
         target_cache, mask = stack(batch, "target_kv")
         draft_cache, _ = stack(batch, "draft_kv")
         rows = torch.tensor([s.row for s in batch])
-        pending = torch.tensor([s.pending for s in batch])
+        pending = torch.tensor([s.pending for s in batch], device=mask.device)
         state = BatchState(rows, mask, mask, pending, target_cache, draft_cache)
         drafts = self.propose(draft, state, k)  # [B, K]
         predicted = self.batch_verify(target, state, drafts)  # [B, K + 1]
@@ -181,4 +186,3 @@ class ExSpec(EqSpec):
             s.draft_kv = unstack(state.draft_cache, b, keep.start, keep.stop)
             s.pending = int(bonus[b])
         return {s.row for s, f in zip(batch, finished.tolist()) if f}
-

@@ -29,7 +29,9 @@ class LazySpec(EqSpec):
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
     ) -> BatchState:
         """Mask the rejected slots instead of moving anything; compact when waste is high."""
-        block = (torch.arange(k + 1)[None, :] <= accepted[:, None]).long()  # [B, K + 1] pending + accepted
+        block = (
+            torch.arange(k + 1, device=accepted.device)[None, :] <= accepted[:, None]
+        ).long()  # [B, K + 1] pending + accepted
         mask = torch.cat([state.mask, block], dim=1)  # [B, S + K + 1]
         draft_mask = torch.cat([state.draft_mask, block], dim=1)
         active = (~finished).nonzero()[:, 0]  # [B']

@@ -56,8 +56,8 @@ class RoundHooks(EqSpec):
         `mask` [B, S]; `role` is "draft" or "target". None: let the model default them."""
         return mask.sum(1, keepdim=True) + torch.arange(width)
 
-    def draft_call_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
-        """The attention mask passed to the draft model during `propose`."""
+    def call_mask(self, state: BatchState, mask: torch.Tensor, role: str) -> torch.Tensor | None:
+        """The attention mask passed to the model, given the right one `mask` [B, S + T]."""
         return mask
 
     def propose(self, draft: torch.nn.Module, state: BatchState, k: int) -> torch.Tensor:
@@ -66,7 +66,9 @@ class RoundHooks(EqSpec):
         for step in range(k + 1):
             position = self.positions(state, mask, 1, "draft")  # [B, 1]
             mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)  # [B, S + step + 1]
-            logits, state.draft_cache = call_model(draft, token, self.draft_call_mask(mask), position, state.draft_cache)
+            logits, state.draft_cache = call_model(
+                draft, token, self.call_mask(state, mask, "draft"), position, state.draft_cache
+            )
             if step < k:
                 token = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
                 drafts.append(token)
@@ -76,7 +78,8 @@ class RoundHooks(EqSpec):
         block = torch.cat([state.pending[:, None], drafts], dim=1)  # [B, K + 1]
         positions = self.positions(state, state.mask, block.shape[1], "target")  # [B, K + 1]
         mask = torch.cat([state.mask, state.mask.new_ones(block.shape)], dim=1)  # [B, S + K + 1]
-        logits, state.target_cache = call_model(target, block, mask, positions, state.target_cache)
+        target_mask = self.call_mask(state, mask, "target")
+        logits, state.target_cache = call_model(target, block, target_mask, positions, state.target_cache)
         return logits.argmax(-1)
 
 
@@ -377,24 +380,33 @@ class CacheRowsPermuted(EqSpec):
 # Masks and padding
 
 
-class MaskNotUpdatedAfterRepad(EqSpec):
-    """The attention mask is not recomputed after the re-pad (—).
+class MaskNotUpdatedAfterRepad(RoundHooks):
+    """The attention mask passed to the models is not recomputed after the re-pad (—).
 
-    The caches are realigned, but the mask stays the pre-realignment one (old mask plus the
-    whole K + 1 block): wrong width for the new cache (HF pads or slices it silently), and
-    it marks pads and dropped slots as attended.
+    The caches are realigned and the decoder's own bookkeeping (positions, what to keep) is
+    right, but the models keep getting the pre-realignment mask (old mask plus the whole
+    K + 1 block, carried over round after round): the wrong width for the new cache (HF pads
+    or slices it silently) and it marks pads and dropped slots as attended.
     """
 
     name = "mask_not_updated_after_repad"
     bug = BugInfo("attention mask not updated after re-pad", "—", "kv-drift", "I1", False, True)
 
+    @staticmethod
+    def model_mask(state: BatchState) -> torch.Tensor:
+        """The mask the models are given for the cached slots: stale after the first re-pad."""
+        return getattr(state, "stale_mask", state.mask)
+
+    def call_mask(self, state: BatchState, mask: torch.Tensor, role: str) -> torch.Tensor | None:
+        cached = (state.mask if role == "target" else state.draft_mask).shape[1]
+        return torch.cat([self.model_mask(state), mask[:, cached:]], dim=1)  # stale past, right new inputs
+
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
     ) -> BatchState:
+        stale = torch.cat([self.model_mask(state), state.mask.new_ones(accepted.shape[0], k + 1)], dim=1)
         new = super().realign(state, accepted, bonus, k, finished)
-        active = (~finished).nonzero()[:, 0]
-        stale = torch.cat([state.mask, state.mask.new_ones(accepted.shape[0], k + 1)], dim=1)[active]
-        new.mask = new.draft_mask = stale
+        new.stale_mask = stale[(~finished).nonzero()[:, 0]]  # [B', S + K + 1], not the new layout's
         return new
 
 
@@ -472,8 +484,8 @@ class DraftWithoutMask(RoundHooks):
     name = "draft_without_mask"
     bug = BugInfo("draft run without a mask", "—", "output-equivalent", "token-preservation", True, False)
 
-    def draft_call_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
-        return None
+    def call_mask(self, state: BatchState, mask: torch.Tensor, role: str) -> torch.Tensor | None:
+        return None if role == "draft" else mask
 
 
 # ---------------------------------------------------------------------------------------

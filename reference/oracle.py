@@ -25,6 +25,10 @@ class OracleResult:
     """Top-1 minus top-2 logit at each generated step: how close each argmax was to a tie."""
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def top_margin(logits: torch.Tensor) -> float:
     top = logits.double().topk(2).values  # [2]
     return float(top[0] - top[1])
@@ -35,9 +39,10 @@ def greedy_oracle(
     target: torch.nn.Module, prompt: tuple[int, ...], *, max_new_tokens: int, eos_token_id: int | None
 ) -> OracleResult:
     """Greedy continuation of one prompt, stopping after EOS (included) or max_new_tokens."""
-    ids = torch.tensor([prompt])  # [1, L]
-    cache = DynamicCache()
-    logits, cache = call_model(target, ids, torch.ones_like(ids), torch.arange(len(prompt))[None], cache)
+    device = model_device(target)
+    ids = torch.tensor([prompt], device=device)  # [1, L]
+    positions = torch.arange(len(prompt), device=device)[None]
+    logits, cache = call_model(target, ids, torch.ones_like(ids), positions, DynamicCache())
     tokens: list[int] = []
     margins: list[float] = []
     while True:
@@ -50,8 +55,9 @@ def greedy_oracle(
         if len(tokens) >= max_new_tokens:
             return OracleResult(tuple(tokens), "length", tuple(margins))
         length = len(prompt) + len(tokens)
-        mask = torch.ones(1, length, dtype=torch.long)
-        logits, cache = call_model(target, torch.tensor([[token]]), mask, torch.tensor([[length - 1]]), cache)
+        mask = torch.ones(1, length, dtype=torch.long, device=device)
+        step = torch.tensor([[token]], device=device)
+        logits, cache = call_model(target, step, mask, torch.tensor([[length - 1]], device=device), cache)
 
 
 def truncate(
@@ -67,6 +73,8 @@ def truncate(
 @torch.no_grad()
 def reference_kv(target: torch.nn.Module, tokens: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per-layer (K, V) [H, n, D] of a batch-size-1 run over `tokens` at positions 0..n-1."""
-    ids = torch.tensor([tokens])  # [1, n]
-    _, cache = call_model(target, ids, torch.ones_like(ids), torch.arange(len(tokens))[None], DynamicCache())
+    device = model_device(target)
+    ids = torch.tensor([tokens], device=device)  # [1, n]
+    positions = torch.arange(len(tokens), device=device)[None]
+    _, cache = call_model(target, ids, torch.ones_like(ids), positions, DynamicCache())
     return [(k[0].clone(), v[0].clone()) for k, v in cache_layers(cache)]
