@@ -164,7 +164,7 @@ class SlotReader:
         for (k, v), (rk, rv) in zip(call.cache_after, self.reference(sequence)):
             for found, want in ((k[row][:, index], rk[:, :m]), (v[row][:, index], rv[:, :m])):  # [H, m, D]
                 close = torch.isclose(found.double(), want.double(), rtol=self.rtol, atol=self.atol)
-                ok &= close.all(dim=-1).all(dim=0)
+                ok &= close.all(dim=-1).all(dim=0).cpu()
         return ok
 
     def describe(self, call: CallRecord, row: int, slot: int, index: int, sequence: tuple[int, ...]) -> tuple[str, str]:

@@ -187,6 +187,13 @@ def write_outputs(directory: Path, verdicts: list[Verdict]) -> None:
 def cmd_audit(args: argparse.Namespace) -> int:
     from harness.contract import DecoderLoadError, load_decoder
 
+    if getattr(args, "target", None):
+        from harness.realmodel import run_real_audit
+
+        return run_real_audit(args)
+    if getattr(args, "draft", None) or getattr(args, "prompts", None):
+        return usage_error("--draft and --prompts need --target (real-model mode)")
+
     targets = [(spec, False) for spec in args.decoder] or default_audit()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in DEFAULT_MODELS]
@@ -257,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--seed", type=int, default=0, help="Hypothesis seed (same seed, same cases)")
     audit.add_argument("--quiet", action="store_true", help="no progress line")
     audit.add_argument("--out", type=Path, default=None, metavar="DIR", help="write DIR/report.json and DIR/repro/")
+    from harness.realmodel import add_arguments as add_real_model_arguments
+
+    add_real_model_arguments(audit)  # --target/--draft/--device/--dtype/--prompts: real-model mode
     audit.set_defaults(func=cmd_audit)
     replay = sub.add_parser("replay", help="replay a case file (a reproducer) against a decoder")
     replay.add_argument("case", type=Path, metavar="FILE")

@@ -103,7 +103,11 @@ def equivalence_signature(run: Run, first: Violation) -> tuple[str, str]:
     if row.found[: len(reference)] == reference[: len(row.found)]:
         return "bookkeeping", f"row {row.row} stops at the wrong place ({row.found_stop} vs {row.expected_stop})"
     alone = single_row(run.case, row.row)
-    rerun = run_case(run.decoder, alone, factory=None if run.instance is None else type(run.instance))
+    rerun_on = getattr(run, "rerun", None)  # real-model runs know how to re-run themselves
+    if rerun_on is not None:
+        rerun = rerun_on(alone)
+    else:
+        rerun = run_case(run.decoder, alone, factory=None if run.instance is None else type(run.instance))
     if rerun.outputs is not None and not all(r.equivalent for r in equivalence(rerun).rows):
         return "bonus", "the wrong token appears even at batch size 1"
     return "bookkeeping", "the output goes wrong only in a batch, with every invariant intact"

@@ -43,7 +43,11 @@ class Recording:
 
 
 def _clone(x: Any) -> torch.Tensor | None:
-    return x.detach().clone() if isinstance(x, torch.Tensor) else None
+    return _to_cpu(x) if isinstance(x, torch.Tensor) else None
+
+
+def _to_cpu(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().to("cpu", copy=True)
 
 
 def _pre_hook(role: str, calls: list[CallRecord], sample: Callable[[int], bool]) -> Any:
@@ -75,7 +79,8 @@ def _post_hook(calls: list[CallRecord], snapshot: bool) -> Any:
         call = calls[-1]
         cache = output_cache(output)
         if snapshot and call.sampled and cache is not None:
-            call.cache_after = [(k.detach().clone(), v.detach().clone()) for k, v in cache_layers(cache)]
+            # snapshots live on the CPU: a GPU model's full cache per call would not fit beside it
+            call.cache_after = [(_to_cpu(k), _to_cpu(v)) for k, v in cache_layers(cache)]
         call.seconds += time.perf_counter()
 
     return hook

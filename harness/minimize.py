@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from harness.case import Case
-    from harness.diagnosis import Diagnosis
     from harness.ddmin import MinimizeResult
+    from harness.diagnosis import Diagnosis
 
 DEFAULT_OUT = Path("specaudit-out") / "minimized"
 

@@ -11,8 +11,8 @@ target's tokenizer and cut into batches. Per batch:
   2. baseline:  the decoder once on the un-instrumented models: its wall time gives tokens/s;
   3. audited:   the decoder again on the instrumented models; I1 is checked on every target
                 call, I2 (the K/V comparison with a batch-size-1 run, the expensive part) only
-                on target calls drawn with probability `--check-rate` from `random.Random`
-                seeded by (seed, batch): the same seed samples the same calls;
+                on a `--check-rate` share of the target calls, drawn by `make_sampler` from a
+                `random.Random` seeded by (seed, batch): the same seed samples the same calls;
   4. verdict:   tie-aware equivalence with the oracle (`harness.checks.compare_row`), I1, I2,
                 the first violated check and the paper's signature (`harness.diagnosis`).
 
@@ -24,14 +24,16 @@ With no GPU and no weights the same path runs on the tiny real architectures on 
 `save_tiny_pair(DIR)` writes the tiny Llama target and draft with `save_pretrained`, plus a
 128-token character tokenizer, so the mode loads them from disk exactly as real weights.
 
-A failing batch leaves two reproducers under `--out`: the real case (`real-*.json`, the real
-token ids; it needs the real models) and its transplant (`transplant-*.json`, see
-`harness.transplant`), which `specaudit replay` runs on the CPU on the exact models.
+With `--out DIR` the per-batch results go to DIR/report.json, and a failing batch leaves two
+reproducers under DIR/repro: the real case (`real-*.json`, the real token ids; it needs the
+real models) and its transplant (`transplant-*.json`, see `harness.transplant`), which
+`specaudit replay` runs on the CPU on the exact models.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import random
@@ -42,17 +44,19 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+# Importing this module stays cheap (the CLI builds its parser on every call): torch,
+# transformers and the harness modules that pull them in are imported where they are used,
+# and the two classes that derive from them, `RealRun` (a `harness.runner.Run`) and
+# `OnDevice` (a `torch.nn.Module`), are created on first access (`__getattr__` below).
+if TYPE_CHECKING:
+    import torch
 
-from fixtures.pairs import DTYPES
-from fixtures.transparent import RequestScript
-from harness.case import Case
-from harness.contract import ContractError, DecoderLoadError, call_decoder, instantiate, load_decoder
-from harness.instrument import instrument
-from harness.runner import Run
-from reference.oracle import OracleResult, greedy_oracle
+    from harness.case import Case
+    from harness.realmodel import RealRun  # created lazily, see `_classes`
+    from harness.runner import Run
+    from reference.oracle import OracleResult
 
 DTYPE_CHOICES = ("auto", "float64", "float32", "float16", "bfloat16")
 DEFAULT_DECODER = "reference.eqspec:EqSpec"
@@ -82,6 +86,8 @@ def dtype_kwargs(dtype: torch.dtype | str) -> dict[str, Any]:
 
 
 def resolve_device(device: str) -> torch.device:
+    import torch
+
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -120,6 +126,8 @@ def _check_model_dir(role: str, path: str | Path) -> Path:
 
 def load_model(role: str, path: str | Path, device: torch.device, dtype: str = "auto") -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
+
+    from fixtures.pairs import DTYPES
 
     p = _check_model_dir(role, path)
     if dtype not in DTYPE_CHOICES:
@@ -236,14 +244,18 @@ def tiny_tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-def save_tiny_pair(directory: str | Path, arch: str = "llama", dtype: torch.dtype = torch.float64) -> tuple[Path, Path]:
+def save_tiny_pair(directory: str | Path, arch: str = "llama", dtype: torch.dtype | None = None) -> tuple[Path, Path]:
     """Write the tiny `arch` target and draft (fixtures.tiny) and a tokenizer under `directory`.
 
     Returns (target_dir, draft_dir); the tokenizer is saved with the target, as a real
-    checkpoint ships it. Loading them gives the same weights as `build_tiny(arch, role)`.
+    checkpoint ships it. Loading them gives the same weights as `build_tiny(arch, role, dtype=dtype)`
+    (float64 by default).
     """
+    import torch
+
     from fixtures.tiny import build_tiny
 
+    dtype = torch.float64 if dtype is None else dtype
     root = Path(directory)
     dirs = root / "target", root / "draft"
     for role, path in zip(("target", "draft"), dirs):
@@ -257,113 +269,154 @@ def save_tiny_pair(directory: str | Path, arch: str = "llama", dtype: torch.dtyp
 
 
 def make_sampler(seed: int, batch: int, rate: float) -> Callable[[int], bool]:
-    """Which target calls keep a snapshot for I2: call i with probability `rate`, drawn in call
-    order from a `random.Random` seeded by (seed, batch); no global randomness is touched."""
+    """Which target calls keep a snapshot for I2, asked in call order 0, 1, 2, ...
+
+    Jittered systematic sampling: the calls are cut into consecutive blocks of about 1/rate
+    calls (block k holds calls ceil(k / rate) .. ceil((k + 1) / rate) - 1) and one call is
+    drawn uniformly in each block. So a run of n calls samples rate * n of them give or take
+    one (plain coin flips can sample none of 20 calls at rate 0.25), and the random place in
+    each block avoids aliasing with a decoder's periodic call pattern. Deterministic in
+    (seed, batch): the draws come from a private `random.Random`; no global randomness is touched.
+    """
+    if rate <= 0.0:
+        return lambda index: False
+    if rate >= 1.0:
+        return lambda index: True
     rng = random.Random(int(seed) * 1_000_003 + int(batch))
-    return lambda index: rng.random() < rate
+    block = {"k": 0, "end": 0, "chosen": -1}
+
+    def sample(index: int) -> bool:
+        while block["end"] <= index:
+            start, block["k"] = block["end"], block["k"] + 1
+            block["end"] = math.ceil(block["k"] / rate)
+            block["chosen"] = start + int(rng.random() * (block["end"] - start))
+        return index == block["chosen"]
+
+    return sample
 
 
 def _sync(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
+    import torch
+
     dev = getattr(model, "device", None)
     if isinstance(dev, torch.device):
         return dev
     return next(model.parameters()).device
 
 
-class OnDevice(torch.nn.Module):
-    """The target as the checks call it: CPU-built inputs (oracle, reference K/V) moved to the
-    model's device. Not instrumented; the decoder gets the model itself."""
+@functools.cache
+def _classes() -> dict[str, type]:
+    """`OnDevice` and `RealRun`, created once, on first use (they derive from torch and harness classes)."""
+    import torch
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
+    from harness.runner import Run
 
-    @property
-    def device(self) -> torch.device:
-        return model_device(self.model)
+    class OnDevice(torch.nn.Module):
+        """The target as the checks call it: CPU-built inputs (oracle, reference K/V) moved to the
+        model's device. Not instrumented; the decoder gets the model itself."""
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.dtype
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        cache: Any = None,
-        past_key_values: Any = None,
-        use_cache: bool = True,
-        **kwargs: Any,
-    ) -> Any:
-        from harness.compat import cache_keyword
+        @property
+        def device(self) -> torch.device:
+            return model_device(self.model)
 
-        dev = self.device
-        moved = {
-            name: value.to(dev) if isinstance(value, torch.Tensor) else value
-            for name, value in (
-                ("input_ids", input_ids),
-                ("attention_mask", attention_mask),
-                ("position_ids", position_ids),
+        @property
+        def dtype(self) -> torch.dtype:
+            return self.model.dtype
+
+        def forward(
+            self,
+            input_ids: torch.Tensor | None = None,
+            attention_mask: torch.Tensor | None = None,
+            position_ids: torch.Tensor | None = None,
+            cache: Any = None,
+            past_key_values: Any = None,
+            use_cache: bool = True,
+            **kwargs: Any,
+        ) -> Any:
+            from harness.compat import cache_keyword
+
+            dev = self.device
+            moved = {
+                name: value.to(dev) if isinstance(value, torch.Tensor) else value
+                for name, value in (
+                    ("input_ids", input_ids),
+                    ("attention_mask", attention_mask),
+                    ("position_ids", position_ids),
+                )
+                if value is not None
+            }
+            return self.model(
+                **moved,
+                use_cache=use_cache,
+                **{cache_keyword(self.model): cache if cache is not None else past_key_values},
+                **kwargs,
             )
-            if value is not None
-        }
-        return self.model(
-            **moved,
-            use_cache=use_cache,
-            **{cache_keyword(self.model): cache if cache is not None else past_key_values},
-            **kwargs,
-        )
+
+    @dataclass
+    class RealRun(Run):
+        """A Run on external models, plus what real-model mode measures around it."""
+
+        batch: int = 0
+        sample_rate: float = 1.0
+        baseline_seconds: float = math.nan  # the decoder on un-instrumented models
+        baseline_outputs: list[list[int]] | None = None
+        oracle_seconds: float = 0.0  # batch-size-1 greedy decoding of this batch's prompts
+        check_seconds: float = math.nan  # I1 + I2, filled in by `audit_batch`
+        # the same decoder and models on another case (diagnosis re-runs a row at batch size 1)
+        rerun: Callable[[Case], Run] | None = field(default=None, repr=False)
+
+        @property
+        def new_tokens(self) -> int:
+            return sum(len(o) for o in self.outputs or ())
+
+        @property
+        def tokens_per_s(self) -> float:
+            t = self.baseline_seconds if self.baseline_seconds == self.baseline_seconds else self.seconds
+            return self.new_tokens / t if t > 0 else math.nan
+
+        @property
+        def oracle_tokens_per_s(self) -> float:
+            n = sum(len(o.tokens) for o in self.oracle)
+            return n / self.oracle_seconds if self.oracle_seconds > 0 else math.nan
+
+        @property
+        def sampled_calls(self) -> int:
+            return sum(1 for c in self.recording.target_calls if c.sampled)
+
+        @property
+        def record_overhead(self) -> float:
+            """Instrumented over un-instrumented decoder time, minus 1."""
+            return self.seconds / self.baseline_seconds - 1 if self.baseline_seconds > 0 else math.nan
+
+        @property
+        def check_overhead(self) -> float:
+            """I1 + I2 time over un-instrumented decoder time."""
+            return self.check_seconds / self.baseline_seconds if self.baseline_seconds > 0 else math.nan
+
+    for cls in (OnDevice, RealRun):
+        cls.__qualname__ = cls.__name__
+    return {"OnDevice": OnDevice, "RealRun": RealRun}
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("OnDevice", "RealRun"):
+        return _classes()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def checks_target(target: torch.nn.Module) -> torch.nn.Module:
-    return target if model_device(target).type == "cpu" else OnDevice(target)
-
-
-@dataclass
-class RealRun(Run):
-    """A Run on external models, plus what real-model mode measures around it."""
-
-    batch: int = 0
-    sample_rate: float = 1.0
-    baseline_seconds: float = math.nan  # the decoder on un-instrumented models
-    baseline_outputs: list[list[int]] | None = None
-    oracle_seconds: float = 0.0  # batch-size-1 greedy decoding of this batch's prompts
-    check_seconds: float = math.nan  # I1 + I2, filled in by `audit_batch`
-    rerun: Callable[[Case], Run] | None = field(default=None, repr=False)  # the same decoder and models on another case
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(o) for o in self.outputs or ())
-
-    @property
-    def tokens_per_s(self) -> float:
-        t = self.baseline_seconds if self.baseline_seconds == self.baseline_seconds else self.seconds
-        return self.new_tokens / t if t > 0 else math.nan
-
-    @property
-    def oracle_tokens_per_s(self) -> float:
-        n = sum(len(o.tokens) for o in self.oracle)
-        return n / self.oracle_seconds if self.oracle_seconds > 0 else math.nan
-
-    @property
-    def sampled_calls(self) -> int:
-        return sum(1 for c in self.recording.target_calls if c.sampled)
-
-    @property
-    def record_overhead(self) -> float:
-        """Instrumented over un-instrumented decoder time, minus 1."""
-        return self.seconds / self.baseline_seconds - 1 if self.baseline_seconds > 0 else math.nan
-
-    @property
-    def check_overhead(self) -> float:
-        """I1 + I2 time over un-instrumented decoder time."""
-        return self.check_seconds / self.baseline_seconds if self.baseline_seconds > 0 else math.nan
+    return target if model_device(target).type == "cpu" else _classes()["OnDevice"](target)
 
 
 def model_label(path_or_model: Any) -> str:
@@ -385,6 +438,8 @@ def real_case(
 ) -> Case:
     """A case on external models: `model` is "external:<name>" (never a built-in name), the
     draft "external", no acceptance schedule (the real draft decides)."""
+    from harness.case import Case
+
     return Case(
         tuple(tuple(p) for p in prompts),
         tuple(() for _ in prompts),
@@ -403,6 +458,8 @@ def oracle_for(
     target: torch.nn.Module, case: Case, memo: dict[tuple[int, ...], OracleResult] | None = None
 ) -> tuple[list[OracleResult], float]:
     """Batch-size-1 greedy results for the case's prompts (memoized per prompt) and the seconds spent."""
+    from reference.oracle import greedy_oracle
+
     memo = {} if memo is None else memo
     device = model_device(target)
     spent = 0.0
@@ -421,6 +478,8 @@ def oracle_for(
 
 
 def _call(decoder: Any, target: Any, draft: Any, case: Case, device: torch.device, timeout_s: float) -> list[list[int]]:
+    from harness.contract import call_decoder
+
     input_ids, attention_mask = case.batch()  # [B, T] each
     return call_decoder(
         decoder,
@@ -452,6 +511,12 @@ def run_batch(
     timeout_s: float = 600.0,
 ) -> RealRun:
     """One batch: optional un-instrumented timing run, then the instrumented run."""
+    import torch
+
+    from fixtures.transparent import RequestScript
+    from harness.contract import ContractError, instantiate
+    from harness.instrument import instrument
+
     device = model_device(target)
     judge = checks_target(target)
     if oracle is None:
@@ -495,17 +560,17 @@ def run_batch(
             timeout_s=timeout_s,
         )
 
-    return RealRun(
-        case,
-        decoder_spec,
-        outputs,
-        error,
-        list(oracle),
-        scripts,
-        recording,
-        judge,
-        seconds,
-        decoder,
+    return _classes()["RealRun"](
+        case=case,
+        decoder=decoder_spec,
+        outputs=outputs,
+        error=error,
+        oracle=list(oracle),
+        scripts=scripts,
+        recording=recording,
+        target=judge,
+        seconds=seconds,
+        instance=decoder,
         batch=batch,
         sample_rate=sample_rate,
         baseline_seconds=baseline_seconds,
@@ -513,6 +578,33 @@ def run_batch(
         oracle_seconds=oracle_seconds,
         rerun=rerun,
     )
+
+
+def warm_up(
+    decoder_spec: str,
+    factory: Any,
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    prompt: tuple[int, ...],
+    num_draft_tokens: int,
+    eos: int | None,
+    pad: int,
+    timeout_s: float,
+) -> None:
+    """One short un-instrumented call, so one-time costs (kernel selection, allocator, lazy
+    imports) do not land in the first batch's timing. Its output is not judged."""
+    import torch
+
+    from harness.case import Case
+    from harness.contract import ContractError, instantiate
+
+    case = Case((prompt,), ((),), num_draft_tokens, 2, eos, pad, 0, "external:warm-up", "external", "float32")
+    try:
+        with torch.no_grad():
+            _call(instantiate(factory, decoder_spec), target, draft, case, model_device(target), timeout_s)
+    except ContractError:
+        pass  # the audited run reports it
+    _sync(model_device(target))
 
 
 def run_real(
@@ -536,8 +628,14 @@ def run_real(
     """Run `decoder_spec` on the prompts in batches of `batch_size`; one RealRun (a Run) per batch.
 
     The models must already be on `device` (default: the target's). Sampling of the I2
-    snapshots is deterministic in `seed` (see `make_sampler`).
+    snapshots is deterministic in `seed` (see `make_sampler`). With `baseline`, each batch
+    first runs un-instrumented for its timing, after one short warm-up call.
     """
+    import torch
+
+    from fixtures.pairs import DTYPES
+    from harness.contract import load_decoder
+
     if batch_size < 1:
         raise RealModelError("--batch-size must be at least 1")
     if not 0.0 <= sample_rate <= 1.0:
@@ -552,6 +650,8 @@ def run_real(
         raise RealModelError(f"unsupported model dtype {target.dtype}; use one of {', '.join(DTYPES)}")
     name = model_name or model_label(target)
     memo: dict[tuple[int, ...], OracleResult] = {}
+    if baseline:
+        warm_up(decoder_spec, factory, target, draft, tokens[0], num_draft_tokens, eos, pad, timeout_s)
     runs = []
     for batch, start in enumerate(range(0, len(tokens), batch_size)):
         case = real_case(
@@ -592,10 +692,13 @@ def diagnose_real(run: Run) -> Any:
 
     `diagnose` re-runs a diverging row at batch size 1 to tell a "bonus" error from a batch
     one, and builds that re-run on a built-in model by name; here the re-run goes through
-    `run.rerun` (the same decoder and models) instead. Everything else is `diagnose`'s.
+    `run.rerun` (the same decoder and models, every target call checked). With I2 sampled, a
+    divergence may come first while the broken invariant sat in an unsampled call; if the
+    batch-size-1 re-run shows it, the signature is taken from that I1/I2 evidence.
+    Everything else is `diagnose`'s.
     """
     from harness.checks import equivalence
-    from harness.diagnosis import Diagnosis, all_violations, diagnose, single_row
+    from harness.diagnosis import Diagnosis, all_violations, diagnose, i2_signature, single_row
 
     violations = all_violations(run)
     rerun_fn = getattr(run, "rerun", None)
@@ -611,15 +714,26 @@ def diagnose_real(run: Run) -> Any:
         )
     else:
         alone = rerun_fn(single_row(run.case, row.row))
-        if alone.outputs is not None and not all(r.equivalent for r in equivalence(alone).rows):
+        seen = all_violations(alone) if alone.outputs is not None else []
+        if seen and seen[0].check in ("I1", "I2"):
+            if seen[0].check == "I1":
+                signature, why = "position-id", f"the batch is not rectangular ({seen[0].rule})"
+            else:
+                signature, why = i2_signature(seen[0])
+            reason = f"{why}; seen on the batch-size-1 re-run of row {row.row}, every call checked: {seen[0].render()}"
+        elif alone.outputs is not None and not all(r.equivalent for r in equivalence(alone).rows):
             signature, reason = "bonus", "the wrong token appears even at batch size 1"
         else:
-            signature, reason = "bookkeeping", "the output goes wrong only in a batch, with every invariant intact"
-    verdict = (
-        "exact"
-        if all(r.exact for r in eq.rows)
-        else (f"equivalent modulo {eq.ties} tie(s)" if all(r.equivalent for r in eq.rows) else "diverged")
-    )
+            signature, reason = (
+                "bookkeeping",
+                "the output goes wrong only in a batch, with every checked invariant intact",
+            )
+    if all(r.exact for r in eq.rows):
+        verdict = "exact"
+    elif all(r.equivalent for r in eq.rows):
+        verdict = f"equivalent modulo {eq.ties} tie(s)"
+    else:
+        verdict = "diverged"
     return Diagnosis(
         run.decoder,
         run.case,
@@ -684,14 +798,26 @@ def measure_overhead(
     repeats: int = 3,
     seed: int = 0,
 ) -> list[OverheadRow]:
-    """Decoder wall time un-instrumented vs instrumented at each sampling rate, plus I1 + I2 time."""
+    """Decoder wall time un-instrumented vs instrumented at each sampling rate, plus I1 + I2 time.
+
+    After one warm-up call, each repeat runs the un-instrumented decoder and then every rate
+    in turn (interleaved, so drifting machine load hits all of them alike); medians are kept.
+    """
+    import torch
+
     from harness.checks import check_i1, check_i2
+    from harness.contract import instantiate, load_decoder
 
     factory = load_decoder(decoder_spec)
     judge = checks_target(target)
     oracle, _ = oracle_for(judge, case)
     device = model_device(target)
-    baseline = []
+    warm_up(decoder_spec, factory, target, draft, case.prompts[0], case.num_draft_tokens, case.eos_token_id,
+            case.pad_token_id, 600.0)  # fmt: skip
+    baseline: list[float] = []
+    seconds: dict[float, list[float]] = {rate: [] for rate in rates}
+    checks: dict[float, list[float]] = {rate: [] for rate in rates}
+    counts: dict[float, tuple[int, int]] = {}
     for _ in range(repeats):
         decoder = instantiate(factory, decoder_spec)
         _sync(device)
@@ -700,33 +826,22 @@ def measure_overhead(
             _call(decoder, target, draft, case, device, 600.0)
         _sync(device)
         baseline.append(time.perf_counter() - start)
-    rows = []
-    for rate in rates:
-        seconds, checks, sampled, calls = [], [], 0, 0
-        for _ in range(repeats):
+        for rate in rates:
             run = run_batch(
-                decoder_spec,
-                factory,
-                case,
-                target,
-                draft,
-                sample=make_sampler(seed, 0, rate),
-                sample_rate=rate,
-                baseline=False,
-                oracle=oracle,
-            )
+                decoder_spec, factory, case, target, draft, sample=make_sampler(seed, 0, rate), sample_rate=rate,
+                baseline=False, oracle=oracle,
+            )  # fmt: skip
             start = time.perf_counter()
             check_i1(run)
             check_i2(run)
-            checks.append(time.perf_counter() - start)
-            seconds.append(run.seconds)
-            sampled, calls = run.sampled_calls, len(run.recording.target_calls)
-        rows.append(
-            OverheadRow(
-                rate, sampled, calls, statistics.median(baseline), statistics.median(seconds), statistics.median(checks)
-            )
-        )
-    return rows
+            checks[rate].append(time.perf_counter() - start)
+            seconds[rate].append(run.seconds)
+            counts[rate] = (run.sampled_calls, len(run.recording.target_calls))
+    base = statistics.median(baseline)
+    return [
+        OverheadRow(rate, *counts[rate], base, statistics.median(seconds[rate]), statistics.median(checks[rate]))
+        for rate in rates
+    ]
 
 
 # ---------------------------------------------------------------------------------------
@@ -809,8 +924,10 @@ def batch_line(run: RealRun, diagnosis: Any) -> str:
         f"overhead: recording {_pct(run.record_overhead)}, checks {_pct(run.check_overhead)}"
     )
     if not diagnosis.passed:
-        line += f"\n    first violated check: {diagnosis.first_check}; signature: {diagnosis.signature} ({diagnosis.reason})"
         from harness.checks import render
+
+        line += f"\n    first violated check: {diagnosis.first_check}; "
+        line += f"signature: {diagnosis.signature} ({diagnosis.reason})"
 
         line += "\n" + "\n".join("    " + s for s in render(list(diagnosis.violations), limit=4).splitlines())
     if run.baseline_outputs is not None and run.outputs is not None and run.baseline_outputs != run.outputs:
@@ -818,8 +935,9 @@ def batch_line(run: RealRun, diagnosis: Any) -> str:
     return line
 
 
-def write_reproducers(out: Path, run: RealRun, diagnosis: Any) -> list[str]:
-    """The real case and its CPU transplant, as replayable reproducer files; returns report lines."""
+def write_reproducers(out: Path, run: RealRun, diagnosis: Any) -> tuple[list[str], list[str]]:
+    """The real case and its CPU transplant as reproducer files under OUT/repro (the layout of
+    `specaudit audit --out`); returns (report lines, paths written)."""
     from dataclasses import asdict
 
     from harness.diagnosis import diagnose
@@ -829,31 +947,61 @@ def write_reproducers(out: Path, run: RealRun, diagnosis: Any) -> list[str]:
 
     label = run.decoder.replace(":", "-")
     evidence = [asdict(v) for v in diagnosis.violations[:20]]
-    lines = []
+    lines, paths = [], []
     real = write_reproducer(
-        out,
+        out / "repro",
         f"real-{label}-batch{run.batch}",
         {"case": run.case.to_json(), "decoder": run.decoder, "evidence": evidence},
     )
     lines.append(f"    reproducer (real models): {real}")
+    paths.append(str(real))
     try:
         moved = transplant(run)
     except Exception as exc:  # a transplant that cannot be built must not hide the real verdict
         lines.append(f"    transplant: not built ({_one_line(exc)})")
-        return lines
+        return lines, paths
     replay = diagnose(run_case(run.decoder, moved.case))
     outcome = f"FAIL ({replay.first_check}, {replay.signature})" if not replay.passed else "PASS (does not reproduce)"
     path = write_reproducer(
-        out,
+        out / "repro",
         f"transplant-{label}-batch{run.batch}",
         {"case": moved.case.to_json(), "decoder": run.decoder, "evidence": [asdict(v) for v in replay.violations[:20]]},
     )
     lines.append(f"    transplant on the CPU (transparent target, scripted draft): {outcome}: {path}")
-    return lines
+    paths.append(str(path))
+    return lines, paths
+
+
+def _finite(x: float) -> float | None:
+    return None if x != x or x in (math.inf, -math.inf) else x
+
+
+def batch_report(run: RealRun, diagnosis: Any, reproducers: list[str]) -> dict[str, Any]:
+    """One batch as JSON: the diagnosis plus throughput, sampling and overhead."""
+    return {
+        "decoder": run.decoder,
+        "batch": run.batch,
+        "diagnosis": diagnosis.to_json(),
+        "outputs": run.outputs,
+        "tokens_per_s": _finite(run.tokens_per_s),
+        "oracle_tokens_per_s": _finite(run.oracle_tokens_per_s),
+        "check_rate": run.sample_rate,
+        "sampled_calls": run.sampled_calls,
+        "target_calls": len(run.recording.target_calls),
+        "decoder_seconds": _finite(run.baseline_seconds),
+        "instrumented_seconds": run.seconds,
+        "check_seconds": _finite(run.check_seconds),
+        "record_overhead": _finite(run.record_overhead),
+        "check_overhead": _finite(run.check_overhead),
+        "reproducers": reproducers,
+    }
 
 
 def run_real_audit(args: argparse.Namespace) -> int:
     """`specaudit audit --target ...`: exit 0 when every batch passes, 1 on a failure, 2 for bad input."""
+    from fixtures.pairs import DTYPES
+    from harness.contract import DecoderLoadError, load_decoder
+
     problem = _validate(args)
     if problem:
         return _error(problem)
@@ -870,7 +1018,8 @@ def run_real_audit(args: argparse.Namespace) -> int:
     eos, pad = special_ids(tokenizer)
     dtype = next((n for n, d in DTYPES.items() if d == target.dtype), str(target.dtype))
     print(
-        f"specaudit audit (real models): target {args.target}, draft {args.draft}, device {args.device}, dtype {dtype}\n"
+        f"specaudit audit (real models): target {args.target}, draft {args.draft}, "
+        f"device {args.device}, dtype {dtype}\n"
         f"  {len(prompts)} prompt(s) in batches of {args.batch_size}, K={args.num_draft_tokens}, "
         f"max_new_tokens={args.max_new_tokens}, eos={eos}, pad={pad}\n"
         f"  check rate {args.check_rate:g}: I1 on every target call, I2 (K/V against batch size 1) on a sampled "
@@ -878,6 +1027,7 @@ def run_real_audit(args: argparse.Namespace) -> int:
         flush=True,
     )
     failed = 0
+    report: list[dict[str, Any]] = []
     for spec in specs:
         try:
             runs = run_real(
@@ -895,7 +1045,7 @@ def run_real_audit(args: argparse.Namespace) -> int:
                 timeout_s=args.timeout,
                 factory=factories[spec],
             )
-        except RealModelError as exc:
+        except (RealModelError, DecoderLoadError) as exc:  # e.g. a factory returning no decoder
             return _error(str(exc))
         print(f"\n{spec}:", flush=True)
         diagnoses = []
@@ -903,9 +1053,12 @@ def run_real_audit(args: argparse.Namespace) -> int:
             diagnosis = audit_batch(run)
             diagnoses.append(diagnosis)
             print(batch_line(run, diagnosis), flush=True)
+            written: list[str] = []
             if not diagnosis.passed and args.out is not None:
-                for line in write_reproducers(Path(args.out), run, diagnosis):
+                lines, written = write_reproducers(Path(args.out), run, diagnosis)
+                for line in lines:
                     print(line, flush=True)
+            report.append(batch_report(run, diagnosis, written))
         rows = sum(len(r.case.prompts) for r in runs)
         exact = sum(d.exact_match * len(r.case.prompts) for d, r in zip(diagnoses, runs)) / max(rows, 1)
         partial = sum(d.partial_match * len(r.case.prompts) for d, r in zip(diagnoses, runs)) / max(rows, 1)
@@ -934,6 +1087,11 @@ def run_real_audit(args: argparse.Namespace) -> int:
         )
         failed += not passed
     print(f"\n{len(specs) - failed} passed, {failed} failed")
+    if args.out is not None:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(f"report: {out / 'report.json'}; reproducers under {out / 'repro'}")
     return 1 if failed else 0
 
 

@@ -77,4 +77,4 @@ def reference_kv(target: torch.nn.Module, tokens: tuple[int, ...]) -> list[tuple
     ids = torch.tensor([tokens], device=device)  # [1, n]
     positions = torch.arange(len(tokens), device=device)[None]
     _, cache = call_model(target, ids, torch.ones_like(ids), positions, DynamicCache())
-    return [(k[0].clone(), v[0].clone()) for k, v in cache_layers(cache)]
+    return [(k[0].detach().to("cpu", copy=True), v[0].detach().to("cpu", copy=True)) for k, v in cache_layers(cache)]

@@ -190,7 +190,18 @@ def audit_blackbox(
     except ContractError as exc:
         seconds = time.perf_counter() - start
         error = exc
-    run = Run(case, label, outputs, error, list(oracle), [], Recording(), target, seconds, engine)
+    run = Run(
+        case=case,
+        decoder=label,
+        outputs=outputs,
+        error=error,
+        oracle=list(oracle),
+        scripts=[],
+        recording=Recording(),
+        target=target,
+        seconds=seconds,
+        instance=engine,
+    )
     if outputs is None:
         violations, rows = check_contract(run), ()
     else:

@@ -1,0 +1,88 @@
+"""Kill table: how fast the suite catches each planted bug (issue 3).
+
+For every entry of reference.mutants.CATALOG and several seeds, search generated cases (the
+same strategies as the conformance suite) until the first failure, then let Hypothesis
+shrink it and diagnose the minimal case. Records per bug: median examples and seconds to
+the first failure, the slowest seed, shrunk rows, first violated check and signature.
+Writes bench/results/kill_table.json and kill_table.md.
+
+    python bench/kill_table.py [--seeds 3] [--model transparent] [--max-examples 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from harness.diagnosis import diagnose
+from harness.runner import run_case
+from harness.search import search
+from reference.mutants import CATALOG
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def kill(name: str, model: str, seeds: int, max_examples: int) -> dict[str, object]:
+    spec = f"reference.mutants:{name}"
+    attempts = [search(spec, model, max_examples=max_examples, seed=seed) for seed in range(seeds)]
+    found = [a for a in attempts if a.found]
+    row: dict[str, object] = {"bug": name, "model": model, "seeds": seeds, "caught": len(found)}
+    if not found:
+        return row
+    smallest = min((a.minimal for a in found if a.minimal is not None), key=lambda c: (c.batch_size, len(repr(c))))
+    diagnosis = diagnose(run_case(spec, smallest))
+    row.update(
+        examples_median=statistics.median(a.examples for a in found),
+        seconds_median=round(statistics.median(a.seconds_to_first or 0.0 for a in found), 2),
+        seconds_slowest=round(max(a.seconds_to_first or 0.0 for a in found), 2),
+        shrink_seconds_median=round(statistics.median(a.seconds - (a.seconds_to_first or 0.0) for a in found), 2),
+        shrunk_rows=smallest.batch_size,
+        first_check=diagnosis.first_check,
+        signature=diagnosis.signature,
+        minimal_case=smallest.to_json(),
+    )
+    return row
+
+
+def markdown(rows: list[dict[str, object]]) -> str:
+    lines = [
+        "| planted bug | caught | examples to first failure (median) | seconds to first failure (median / slowest) "
+        "| shrunk rows | first check | signature |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if not r["caught"]:
+            lines.append(f"| {r['bug']} | 0/{r['seeds']} | - | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {r['bug']} | {r['caught']}/{r['seeds']} | {r['examples_median']} | "
+            f"{r['seconds_median']} / {r['seconds_slowest']} | {r['shrunk_rows']} | {r['first_check']} | "
+            f"{r['signature']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--model", default="transparent")
+    parser.add_argument("--max-examples", type=int, default=300)
+    parser.add_argument("--only", nargs="*", default=None, help="restrict to these catalog names")
+    args = parser.parse_args()
+    rows = []
+    for name in args.only or list(CATALOG):
+        row = kill(name, args.model, args.seeds, args.max_examples)
+        print(json.dumps({k: v for k, v in row.items() if k != "minimal_case"}), flush=True)
+        rows.append(row)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = "kill_table" if args.model == "transparent" else f"kill_table_{args.model}"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    header = f"Model {args.model}, {args.seeds} seeds, at most {args.max_examples} examples per search.\n\n"
+    (RESULTS / f"{stem}.md").write_text(header + markdown(rows))
+    print(header + markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
