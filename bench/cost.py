@@ -57,13 +57,14 @@ from fixtures.tiny import build_tiny  # noqa: E402
 
 FULL = {
     "align_batch_sizes": [1, 2, 4, 8, 16, 32],
-    "align_repeats": 15,
+    "align_repeats": 11,
     "group_batch_sizes": [2, 4, 8, 16],
     "pool_size": 32,
-    "group_repeats": 5,
+    "group_repeats": 3,
     "latency_batch_sizes": [2, 4, 8],
     "requests": 32,
-    "latency_repeats": 5,
+    "latency_repeats": 4,
+    "calibration_runs": 3,
 }
 QUICK = {
     "align_batch_sizes": [1, 4, 32],
@@ -74,6 +75,7 @@ QUICK = {
     "latency_batch_sizes": [4],
     "requests": 16,
     "latency_repeats": 1,
+    "calibration_runs": 1,
 }
 MIN_LEN, MAX_LEN, SAME_LEN = 8, 48, 28
 EOS_MAX_NEW = 96  # length limit of the pool whose rows stop at an EOS
@@ -160,7 +162,7 @@ class Bench:
         for cls in variants.values():  # warm-up
             self.generate(self.new(cls), make_prompts(4, 1))
         runs: dict[str, dict[int, list[dict[str, Any]]]] = {n: {b: [] for b in sizes} for n in variants}
-        agree: dict[str, dict[int, bool]] = {n: {} for n in variants}
+        agree: dict[str, dict[int, list[list[int]]]] = {n: {} for n in variants}  # first-repeat outputs
         for rep in range(self.cfg["align_repeats"]):
             for i, b in enumerate(sizes):
                 for name in rotated(list(variants), rep + i):
@@ -360,10 +362,16 @@ class Bench:
             common["eos_token_id"] = w_eos
             per_b: dict[str, Any] = {}
             for b in self.cfg["latency_batch_sizes"]:
-                # calibration: EQSPEC's busy time with every request present at t=0 sets the trace's scale
+                # calibration: EQSPEC's busy time with every request present at t=0 (median of a few
+                # runs) sets the trace's scale, so the load factor means the same on any device
                 offline = [0.0] * n
                 serve_eqspec(self.target, self.draft, prompts[: 2 * b], offline[: 2 * b], batch_size=b, **common)
-                service = serve_eqspec(self.target, self.draft, prompts, offline, batch_size=b, **common).busy_s
+                service = median(
+                    [
+                        serve_eqspec(self.target, self.draft, prompts, offline, batch_size=b, **common).busy_s
+                        for _ in range(self.cfg["calibration_runs"])
+                    ]
+                )
                 mean_gap = service / n / self.args.load
                 trace = arrival_trace(n, mean_gap, self.args.seed * 1000 + b)
                 runs: dict[str, list[dict[str, float]]] = {"EQSPEC": [], "EXSPEC": []}

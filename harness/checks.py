@@ -9,6 +9,7 @@ Rounds are counted in target calls: "target call c" is the decoder's c-th call o
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -442,40 +443,58 @@ def check_token_preservation(run: Run) -> list[Violation]:
     if run.case.draft != "scripted":
         return []
     views, _ = row_views(run)
-    verified: dict[tuple[int, ...], int] = {}  # per prompt: v of the latest call
-    diverged: set[tuple[int, ...]] = set()
+    copies = Counter(run.case.prompts)
+    # Per prompt, one entry per copy of it under way: v of that copy's latest call (None:
+    # no longer tracked). Copies of one prompt are told apart by how far they have got.
+    progress: dict[tuple[int, ...], list[int | None]] = {}
     violations: list[Violation] = []
     by_call: dict[int, list[RowView]] = {}
     for view in views:
         by_call.setdefault(view.call, []).append(view)
     for call in sorted(by_call):
-        seen: dict[tuple[int, ...], int] = {}
+        cached = run.recording.target_calls[call].past_length > 0  # a cache-free decoder keeps tokens in its inputs
+        updates: list[tuple[list[int | None], int, int]] = []
+        taken: dict[tuple[int, ...], set[int]] = {}
         for view in by_call[call]:
             script = run.scripts[view.request]
             key = script.prompt
-            if not view.consistent or key in diverged:
+            if not view.consistent:
                 continue
             generated = view.stream[len(key) :]
             v = script.consistent_prefix(generated)
-            previous = verified.get(key)
-            b = 0 if previous is None else previous + 1
-            if b >= len(run.oracle[view.request].tokens):
-                continue  # the row is complete; later calls cannot change it
-            if v < b:
-                diverged.add(key)  # committed tokens differ: equivalence reports it
-                continue
+            kept = view.past - len(key)  # generated tokens already in the cache
+            states, used = progress.setdefault(key, []), taken.setdefault(key, set())
+            free = [i for i, p in enumerate(states) if p is not None and i not in used]
+            fits = [i for i in free if not cached or kept >= states[i]]  # type: ignore[operator]
             where = dict(call=call, row=view.row, request=view.request)
-            cached = run.recording.target_calls[call].past_length > 0  # a cache-free decoder keeps tokens in its inputs
-            if previous is not None and cached and view.past - len(key) < previous:
+            if fits:
+                copy = max(fits, key=lambda i: states[i])  # type: ignore[arg-type,return-value]
+                previous = states[copy]
+            elif len(states) < copies[key]:
+                states.append(-1)
+                copy, previous = len(states) - 1, None
+            elif free:
+                copy = max(free, key=lambda i: states[i])  # type: ignore[arg-type,return-value]
                 violations.append(
                     Violation(
                         "token-preservation",
                         "verified-kept",
-                        f"a cache holding {view.past - len(key)} generated tokens",
-                        f"at least {previous}: tokens verified by the previous call were thrown away",
+                        f"a cache holding {kept} generated tokens",
+                        f"at least {states[copy]}: tokens verified by the previous call were thrown away",
                         **where,
                     )
                 )
+                states[copy] = None  # its rounds no longer follow the schedule; one report is enough
+                continue
+            else:
+                continue
+            used.add(copy)
+            b = 0 if previous is None else previous + 1
+            if b >= len(run.oracle[view.request].tokens):
+                continue  # the row is complete; later calls cannot change it
+            if v < b:
+                states[copy] = None  # committed tokens differ from the oracle: equivalence reports it
+                continue
             drafts = len(generated) - b
             want = b + min(script.lead(b), drafts)
             if v != want:
@@ -489,6 +508,8 @@ def check_token_preservation(run: Run) -> list[Violation]:
                         **where,
                     )
                 )
-            seen[key] = max(seen.get(key, 0), v)
-        verified.update(seen)
+            updates.append((states, copy, v))
+        for states, copy, v in updates:
+            if states[copy] is not None:
+                states[copy] = v
     return violations

@@ -273,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--decoder", required=True, metavar="MODULE:ATTR")
     replay.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     replay.set_defaults(func=cmd_replay)
+    from harness import gate, minimize
+
+    minimize.add_command(sub)
+    gate.add_command(sub)
     return parser
 
 

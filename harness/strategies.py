@@ -37,28 +37,53 @@ def bounds_for(model: str) -> Bounds:
     return Bounds(16, 64, 24, 3) if is_exact(model) else Bounds(6, 16, 10, 2)
 
 
-@st.composite
-def batch_prompts(draw: st.DrawFn, bounds: Bounds) -> tuple[tuple[int, ...], ...]:
-    """1..rows prompts, ragged or equal lengths, with duplicate prompts mixed in."""
-    rows = draw(st.integers(1, bounds.rows), label="rows")
-    equal = draw(st.booleans(), label="equal lengths")
+@dataclass(frozen=True)
+class Row:
+    """One drawn row: a new prompt with its acceptance rounds, or a duplicate of an earlier row."""
+
+    prompt: tuple[int, ...] | None
+    first: bool = False  # whether the draft is right at generated index 0
+    rounds: tuple[int, ...] = ()  # accepted drafts per round, cycled
+    duplicate_of: int = 0  # when prompt is None: index (mod rows so far) of the row it repeats
+
+
+def rounds_for(kind: str, k: int) -> st.SearchStrategy[tuple[int, ...]]:
+    if kind == "all-accept":
+        return st.just((k,))
+    if kind == "all-reject":
+        return st.just((0,))
+    if kind == "ragged-per-row":
+        return st.integers(0, k).map(lambda a: (a,))
+    return st.lists(st.integers(0, k), min_size=1, max_size=6).map(tuple)
+
+
+def row_strategy(bounds: Bounds, length: int | None, kind: str, k: int) -> st.SearchStrategy[Row]:
+    """A row of the batch; rows are drawn as one list so the shrinker can delete any of them."""
     token = st.integers(0, VOCAB_SIZE - 1)
-    length = st.integers(1, bounds.prompt_len)
-    fixed = draw(length, label="length") if equal else None
-    prompts: list[tuple[int, ...]] = []
-    for _ in range(rows):
-        if prompts and draw(st.integers(0, 4), label="duplicate?") == 0:
-            prompts.append(draw(st.sampled_from(prompts), label="duplicate of"))
-            continue
-        n = fixed if fixed is not None else draw(length, label="length")
-        prompts.append(tuple(draw(st.lists(token, min_size=n, max_size=n), label="prompt")))
-    if len(set(prompts)) < len(prompts):
-        event("batch: duplicate prompts")
-    event("batch: " + ("equal lengths" if len({len(p) for p in prompts}) == 1 else "ragged lengths"))
-    return tuple(prompts)
+    lo, hi = (length, length) if length is not None else (1, bounds.prompt_len)
+    fresh = st.builds(
+        Row,
+        prompt=st.lists(token, min_size=lo, max_size=hi).map(tuple),
+        first=st.booleans() if kind.startswith("ragged") else st.just(kind == "all-accept"),
+        rounds=rounds_for(kind, k),
+    )
+    return st.one_of(fresh, st.builds(Row, prompt=st.none(), duplicate_of=st.integers(0, bounds.rows - 1)))
 
 
-def pattern_from_rounds(first: bool, rounds: list[int], horizon: int) -> tuple[bool, ...]:
+def resolve_rows(rows: list[Row]) -> list[Row]:
+    """Duplicates become copies of the row they repeat; a prompt drawn twice keeps its first
+    schedule (the draft cannot tell identical prompts apart, so they share one)."""
+    out: list[Row] = []
+    first: dict[tuple[int, ...], Row] = {}
+    for row in rows:
+        if row.prompt is not None:
+            out.append(first.setdefault(row.prompt, row))
+        elif out:
+            out.append(out[row.duplicate_of % len(out)])
+    return out
+
+
+def pattern_from_rounds(first: bool, rounds: tuple[int, ...] | list[int], horizon: int) -> tuple[bool, ...]:
     """Accept flags per generated index from per-round counts.
 
     With the usual prefill (index 0 comes from the target), round j starts at b_j with
@@ -70,25 +95,6 @@ def pattern_from_rounds(first: bool, rounds: list[int], horizon: int) -> tuple[b
         flags += [True] * rounds[j % len(rounds)] + [False]
         j += 1
     return tuple(flags[:horizon])
-
-
-@st.composite
-def acceptance(draw: st.DrawFn, distinct: int, k: int, horizon: int) -> tuple[str, list[tuple[bool, ...]]]:
-    """One accept pattern per distinct prompt, following a schedule kind."""
-    kind = draw(st.sampled_from(SCHEDULES), label="schedule")
-    patterns = []
-    for _ in range(distinct):
-        if kind == "all-accept":
-            rounds = [k]
-        elif kind == "all-reject":
-            rounds = [0]
-        elif kind == "ragged-per-row":
-            rounds = [draw(st.integers(0, k), label="accepted per round")]
-        else:
-            rounds = draw(st.lists(st.integers(0, k), min_size=1, max_size=6), label="accepted per round")
-        first = kind != "all-reject" and (kind == "all-accept" or draw(st.booleans(), label="accept index 0"))
-        patterns.append(pattern_from_rounds(first, rounds, horizon))
-    return kind, patterns
 
 
 def round_counts(pattern: tuple[bool, ...], k: int, limit: int) -> list[tuple[int, int]]:
@@ -134,16 +140,23 @@ def cases(draw: st.DrawFn, model: str = "transparent", draft: str = "scripted", 
     """A whole case for `model`: batch, padding, schedule, K, limits and EOS."""
     check_model(model, draft, dtype)
     bounds = bounds_for(model)
-    prompts = draw(batch_prompts(bounds), label="prompts")
+    kind = draw(st.sampled_from(SCHEDULES), label="schedule")
     k = draw(st.integers(1, 8), label="K")
     max_new = draw(st.integers(1, bounds.max_new_tokens), label="max_new_tokens")
     horizon = max_new + k + 2
-    distinct = sorted(set(prompts))
-    assume(not ambiguous(model, dtype, set(distinct), horizon))
-    kind, patterns = draw(acceptance(len(distinct), k, horizon), label="acceptance")
-    by_prompt = dict(zip(distinct, patterns))
-    accept = tuple(by_prompt[p] for p in prompts)
+    length = draw(st.none() | st.integers(1, bounds.prompt_len), label="equal length")
+    drawn = draw(st.lists(row_strategy(bounds, length, kind, k), min_size=1, max_size=bounds.rows), label="rows")
+    rows = resolve_rows(drawn)
+    assume(rows)
+    prompts = tuple(row.prompt for row in rows if row.prompt is not None)
+    accept = tuple(pattern_from_rounds(row.first, row.rounds, horizon) for row in rows)
+    distinct = set(prompts)
+    assume(not ambiguous(model, dtype, distinct, horizon))
+    by_prompt = dict(zip(prompts, accept))
     event(f"schedule: {kind}")
+    event("batch: " + ("equal lengths" if len({len(p) for p in prompts}) == 1 else "ragged lengths"))
+    if len(distinct) < len(prompts):
+        event("batch: duplicate prompts")
     rounds = [round_counts(by_prompt[p], k, max_new) for p in distinct]
     if len({r[0][1] for r in rounds if r}) > 1:
         event("acceptance: ragged across rows")
