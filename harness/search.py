@@ -22,6 +22,7 @@ class SearchResult:
     seconds_to_first: float | None = None
     seconds: float = 0.0
     minimal: Case | None = None  # the shrunk failing case, None when every case passed
+    shrink_runs: int = 0
 
     @property
     def found(self) -> bool:
@@ -41,9 +42,14 @@ def search(
     seed: int,
     factory: Any = None,
     shrink: bool = True,
+    shrink_budget: int = 150,
     on_run: Callable[[Run], None] | None = None,
 ) -> SearchResult:
-    """Run generated cases until one fails every check's scrutiny (or the budget ends)."""
+    """Run generated cases until one fails a check (or the budget ends), then shrink it.
+
+    After the first failure the shrinker gets `shrink_budget` more decoder runs; past that,
+    untried cases count as passing, so the smallest failure found so far is kept.
+    """
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
@@ -68,6 +74,10 @@ def search(
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
         case = data.draw(cases(model), label="case")
+        if result.seconds_to_first is not None:
+            result.shrink_runs += 1
+            if result.shrink_runs > shrink_budget:
+                return
         run = run_case(spec, case, factory=factory)
         if result.seconds_to_first is None:
             result.examples += 1
