@@ -467,12 +467,12 @@ def check_token_preservation(run: Run) -> list[Violation]:
             free = [i for i, p in enumerate(states) if p is not None and i not in used]
             fits = [i for i in free if not cached or kept >= states[i]]  # type: ignore[operator]
             where = dict(call=call, row=view.row, request=view.request)
-            if fits:
-                copy = max(fits, key=lambda i: states[i])  # type: ignore[arg-type,return-value]
-                previous = states[copy]
-            elif len(states) < copies[key]:
+            if len(states) < copies[key] and (not fits or not generated):  # a copy not seen yet, or its prefill
                 states.append(-1)
                 copy, previous = len(states) - 1, None
+            elif fits:
+                copy = max(fits, key=lambda i: states[i])  # type: ignore[arg-type,return-value]
+                previous = states[copy]
             elif free:
                 copy = max(free, key=lambda i: states[i])  # type: ignore[arg-type,return-value]
                 violations.append(

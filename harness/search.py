@@ -70,6 +70,7 @@ def search(
         phases=phases,
         suppress_health_check=list(HealthCheck),
         print_blob=False,
+        report_multiple_bugs=False,
     )
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:

@@ -19,6 +19,7 @@ from harness.case import Case
 from harness.runner import oracle_continuation
 
 SCHEDULES = ("all-accept", "all-reject", "ragged-per-row", "ragged-per-round")
+SCHEDULE_DRAWS = SCHEDULES + ("ragged-per-row", "ragged-per-round")  # ragged acceptance twice as often
 EOS_PLACEMENTS = ("none", "inside-accepted-block", "bonus-token", "last-position", "any-token")
 PAD_CHOICES = ("fresh", "prompt-token", "eos")
 
@@ -67,19 +68,20 @@ def row_strategy(bounds: Bounds, length: int | None, kind: str, k: int) -> st.Se
         first=st.booleans() if kind.startswith("ragged") else st.just(kind == "all-accept"),
         rounds=rounds_for(kind, k),
     )
-    return st.one_of(fresh, st.builds(Row, prompt=st.none(), duplicate_of=st.integers(0, bounds.rows - 1)))
+    duplicate = st.builds(Row, prompt=st.none(), duplicate_of=st.integers(0, bounds.rows - 1))
+    return st.one_of(fresh, fresh, duplicate)  # two in three rows are new prompts
 
 
 def resolve_rows(rows: list[Row]) -> list[Row]:
-    """Duplicates become copies of the row they repeat; a prompt drawn twice keeps its first
-    schedule (the draft cannot tell identical prompts apart, so they share one)."""
+    """Duplicates become copies of the row they repeat (a leading one, with nothing to repeat,
+    the simplest row); a prompt drawn twice keeps its first schedule, since the draft cannot
+    tell identical prompts apart."""
     out: list[Row] = []
     first: dict[tuple[int, ...], Row] = {}
     for row in rows:
-        if row.prompt is not None:
-            out.append(first.setdefault(row.prompt, row))
-        elif out:
-            out.append(out[row.duplicate_of % len(out)])
+        if row.prompt is None:
+            row = out[row.duplicate_of % len(out)] if out else Row((0,), False, (0,))
+        out.append(first.setdefault(row.prompt, row))  # type: ignore[arg-type]
     return out
 
 
@@ -140,14 +142,12 @@ def cases(draw: st.DrawFn, model: str = "transparent", draft: str = "scripted", 
     """A whole case for `model`: batch, padding, schedule, K, limits and EOS."""
     check_model(model, draft, dtype)
     bounds = bounds_for(model)
-    kind = draw(st.sampled_from(SCHEDULES), label="schedule")
+    kind = draw(st.sampled_from(SCHEDULE_DRAWS), label="schedule")
     k = draw(st.integers(1, 8), label="K")
     max_new = draw(st.integers(1, bounds.max_new_tokens), label="max_new_tokens")
     horizon = max_new + k + 2
     length = draw(st.none() | st.integers(1, bounds.prompt_len), label="equal length")
-    drawn = draw(st.lists(row_strategy(bounds, length, kind, k), min_size=1, max_size=bounds.rows), label="rows")
-    rows = resolve_rows(drawn)
-    assume(rows)
+    rows = resolve_rows(draw(st.lists(row_strategy(bounds, length, kind, k), min_size=1, max_size=bounds.rows)))
     prompts = tuple(row.prompt for row in rows if row.prompt is not None)
     accept = tuple(pattern_from_rounds(row.first, row.rounds, horizon) for row in rows)
     distinct = set(prompts)

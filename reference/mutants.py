@@ -35,6 +35,7 @@ class BugInfo:
     first_check: str  # first failing check in the order contract, I1, I2, equivalence, token-preservation
     output_equivalent: bool  # True if only an invariant or token preservation can catch it
     visible_at_batch_1: bool  # True if it fails even with a single row
+    needs_padding: bool = False  # at batch size 1 only with extra pad columns: its smallest case may use a 2nd row
 
 
 SIGNATURES = ("position-id", "kv-drift", "bonus", "output-equivalent", "bookkeeping")
@@ -465,7 +466,7 @@ class RightPadding(EqSpec):
     """
 
     name = "right_padding"
-    bug = BugInfo("right padding for a decoder-only model", "—", "kv-drift", "equivalence", False, True)
+    bug = BugInfo("right padding for a decoder-only model", "—", "kv-drift", "equivalence", False, True, True)
 
     def prefill(
         self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -557,7 +558,7 @@ class EosScansPaddedRow(EqSpec):
     """
 
     name = "eos_scans_padded_row"
-    bug = BugInfo("EOS check scans the padded row", "—", "bookkeeping", "equivalence", False, True)
+    bug = BugInfo("EOS check scans the padded row", "—", "bookkeeping", "equivalence", False, True, True)
 
     def prefill(
         self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
