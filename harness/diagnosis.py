@@ -92,16 +92,26 @@ def i2_signature(first: Violation) -> tuple[str, str]:
     if first.rule == "position-ids":
         return "position-id", "a current input is fed at the wrong position"
     found, want = _SLOT.search(first.found), _WANT.search(first.expected)
+    if found and want and int(found.group(2)) < int(want.group(2)):
+        return "kv-drift", "an extra slot (stale, rejected or pad) is attended among the row's own"
     if found and want and found.group(1) == want.group(1) and found.group(2) != want.group(2):
         return "position-id", "the right token sits at the wrong position"
     return "kv-drift", "a slot holding another token (stale, rejected or pad) is attended"
 
 
-def equivalence_signature(run: Run, first: Violation) -> tuple[str, str]:
+def i1_signature(first: Violation) -> tuple[str, str]:
+    if first.rule in ("position-shape",):
+        return "position-id", f"position ids do not fit the batch ({first.rule})"
+    return "kv-drift", f"the mask or cache does not fit the batch, so other slots are attended ({first.rule})"
+
+
+def equivalence_signature(run: Run, violations: list[Violation]) -> tuple[str, str]:
     row = next(r for r in equivalence(run).rows if not r.equivalent)
     reference = row.reference
     if row.found[: len(reference)] == reference[: len(row.found)]:
         return "bookkeeping", f"row {row.row} stops at the wrong place ({row.found_stop} vs {row.expected_stop})"
+    if any(v.rule == "verified-kept" for v in violations):
+        return "kv-drift", "verified tokens' KV was dropped from the cache and the output went wrong"
     alone = single_row(run.case, row.row)
     rerun_on = getattr(run, "rerun", None)  # real-model runs know how to re-run themselves
     if rerun_on is not None:
@@ -148,11 +158,11 @@ def diagnose(run: Run) -> Diagnosis:
     if first.check == "contract":
         signature, reason = "contract", first.rule
     elif first.check == "I1":
-        signature, reason = "position-id", f"the batch is not rectangular ({first.rule})"
+        signature, reason = i1_signature(first)
     elif first.check == "I2":
         signature, reason = i2_signature(first)
     elif first.check == "equivalence":
-        signature, reason = equivalence_signature(run, first)
+        signature, reason = equivalence_signature(run, violations)
     else:
         signature, reason = "output-equivalent", "the output is right but drafts were lost or kept wrongly"
     if verdict == "exact" and first.check != "contract":

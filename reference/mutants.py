@@ -31,14 +31,14 @@ from reference.eqspec import BatchState, EqSpec
 class BugInfo:
     bug_class: str  # short description
     seen_in: str  # "DSD", "BSP", "HF defaults", "several" or "—"
-    signature: str  # "position-id", "kv-drift", "bonus", "output-equivalent", "bookkeeping"
+    signature: str  # one of SIGNATURES: what harness.diagnosis names it
     first_check: str  # first failing check in the order contract, I1, I2, equivalence, token-preservation
     output_equivalent: bool  # True if only an invariant or token preservation can catch it
     visible_at_batch_1: bool  # True if it fails even with a single row
     needs_padding: bool = False  # at batch size 1 only with extra pad columns: its smallest case may use a 2nd row
 
 
-SIGNATURES = ("position-id", "kv-drift", "bonus", "output-equivalent", "bookkeeping")
+SIGNATURES = ("position-id", "kv-drift", "bonus", "output-equivalent", "bookkeeping", "contract")
 CHECK_ORDER = ("contract", "I1", "I2", "equivalence", "token-preservation")
 
 
@@ -466,7 +466,7 @@ class RightPadding(EqSpec):
     """
 
     name = "right_padding"
-    bug = BugInfo("right padding for a decoder-only model", "—", "kv-drift", "equivalence", False, True, True)
+    bug = BugInfo("right padding for a decoder-only model", "—", "bookkeeping", "equivalence", False, True, True)
 
     def prefill(
         self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -588,7 +588,7 @@ class MaxNewTokensOverrun(EqSpec):
     """
 
     name = "max_new_tokens_overrun"
-    bug = BugInfo("max_new_tokens not respected in the last round", "—", "bookkeeping", "contract", False, True)
+    bug = BugInfo("max_new_tokens not respected in the last round", "—", "contract", "contract", False, True)
 
     def commit(
         self,

@@ -20,6 +20,7 @@ from harness.checks import (
     check_token_preservation,
     explain,
 )
+from harness.diagnosis import diagnose
 from harness.runner import Run, run_case
 from harness.strategies import cases
 from reference.mutants import CATALOG, CHECK_ORDER, SIGNATURES, BugInfo
@@ -145,6 +146,10 @@ def test_mutant_is_caught_with_a_small_case(name: str) -> None:
         assert case.batch_size == 2, f"{name}: fails at batch size 1, but the catalog says it needs a batch\n{found}"
     assert found.check == bug.first_check, (
         f"{name}: first failing check is {found.check}, but the catalog says {bug.first_check}\n{found}"
+    )
+    diagnosis = diagnose(run_case(f"reference.mutants:{name}", case))
+    assert diagnosis.signature == bug.signature, (
+        f"{name}: diagnosed as {diagnosis.signature} ({diagnosis.reason}), but the catalog says {bug.signature}"
     )
 
 
