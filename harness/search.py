@@ -1,7 +1,8 @@
-"""Search for a failing case with Hypothesis: the engine behind `specaudit audit` and the kill table.
+"""Search for a failing case: the engine behind `specaudit audit`, the gate and the kill table.
 
-Generation stops at the first failing case (its example count and time are recorded); then
-Hypothesis shrinks it, and the minimal case is what gets diagnosed.
+Hypothesis generates cases until the first failure (its example count and time are
+recorded) and shrinks it within a budget; delta debugging (harness.ddmin) then takes the
+shrunk case further, keeping its failure class. The result is what gets diagnosed.
 """
 
 from __future__ import annotations
@@ -43,12 +44,14 @@ def search(
     factory: Any = None,
     shrink: bool = True,
     shrink_budget: int = 150,
+    minimize_budget: int = 150,
     on_run: Callable[[Run], None] | None = None,
 ) -> SearchResult:
     """Run generated cases until one fails a check (or the budget ends), then shrink it.
 
     After the first failure the shrinker gets `shrink_budget` more decoder runs; past that,
-    untried cases count as passing, so the smallest failure found so far is kept.
+    untried cases count as passing (known failures still fail, so replays stay reliable), and
+    the smallest failure found is delta-debugged with up to `minimize_budget` more runs.
     """
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
@@ -59,6 +62,7 @@ def search(
 
     factory = factory or load_decoder(spec)
     result = SearchResult()
+    failing: set[Case] = set()
     start = time.perf_counter()
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
 
@@ -75,7 +79,7 @@ def search(
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
         case = data.draw(cases(model), label="case")
-        if result.seconds_to_first is not None:
+        if result.seconds_to_first is not None and case not in failing:
             result.shrink_runs += 1
             if result.shrink_runs > shrink_budget:
                 return
@@ -87,11 +91,16 @@ def search(
         if all_violations(run):
             if result.seconds_to_first is None:
                 result.seconds_to_first = time.perf_counter() - start
+            failing.add(case)
             raise _Failed(case)
 
     try:
         prop()
     except _Failed as failed:  # Hypothesis re-raises the minimal case's failure last
         result.minimal = failed.case
+    if result.minimal is not None and minimize_budget > 0:
+        from harness.ddmin import minimize_case
+
+        result.minimal = minimize_case(spec, result.minimal, factory, budget=minimize_budget).case
     result.seconds = time.perf_counter() - start
     return result
