@@ -90,15 +90,27 @@ class EqSpec:
         rows = torch.arange(input_ids.shape[0])
         return BatchState(rows, mask, mask, first, target_cache, draft_cache), first
 
+    def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
+        """Position ids [B, width] of `width` new inputs after a cache whose real slots are
+        `mask` [B, S]: they count real tokens only. `role` is "draft" or "target"; variants
+        (the planted bugs) override this one hook instead of copying the round."""
+        return mask.sum(1, keepdim=True) + torch.arange(width, device=mask.device)
+
+    def call_mask(self, state: BatchState, mask: torch.Tensor, role: str) -> torch.Tensor | None:
+        """The attention mask passed to the model, given the right one `mask` [B, S + T]."""
+        return mask
+
     def propose(self, draft: torch.nn.Module, state: BatchState, k: int) -> torch.Tensor:
         """K greedy draft steps from the pending token, then one more so the draft cache holds
         the same K + 1 new slots as the target's will after verification. Returns [B, K]."""
         batch = state.rows.numel()
-        mask, token, position = state.draft_mask, state.pending[:, None], state.draft_mask.sum(1, keepdim=True)
-        drafts = []
+        mask, token, drafts = state.draft_mask, state.pending[:, None], []
         for step in range(k + 1):
+            position = self.positions(state, mask, 1, "draft")  # [B, 1]
             mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)  # [B, S + step + 1]
-            logits, state.draft_cache = call_model(draft, token, mask, position + step, state.draft_cache)
+            logits, state.draft_cache = call_model(
+                draft, token, self.call_mask(state, mask, "draft"), position, state.draft_cache
+            )
             if step < k:
                 token = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
                 drafts.append(token)
@@ -107,9 +119,11 @@ class EqSpec:
     def batch_verify(self, target: torch.nn.Module, state: BatchState, drafts: torch.Tensor) -> torch.Tensor:
         """One target forward over [pending, drafts]; returns the target's argmax [B, K + 1]."""
         block = torch.cat([state.pending[:, None], drafts], dim=1)  # [B, K + 1]
-        positions = state.lengths[:, None] + torch.arange(block.shape[1], device=block.device)  # [B, K + 1]
+        positions = self.positions(state, state.mask, block.shape[1], "target")  # [B, K + 1]
         mask = torch.cat([state.mask, state.mask.new_ones(block.shape)], dim=1)  # [B, S + K + 1]
-        logits, state.target_cache = call_model(target, block, mask, positions, state.target_cache)
+        logits, state.target_cache = call_model(
+            target, block, self.call_mask(state, mask, "target"), positions, state.target_cache
+        )
         return logits.argmax(-1)
 
     @staticmethod

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.compat import cache_layers, call_model, select_rows, set_cache_layers
+from harness.compat import cache_layers, select_rows, set_cache_layers
 from reference.eqspec import BatchState, EqSpec
 
 
@@ -44,45 +44,6 @@ CHECK_ORDER = ("contract", "I1", "I2", "equivalence", "token-preservation")
 
 # ---------------------------------------------------------------------------------------
 # Shared pieces
-
-
-class RoundHooks(EqSpec):
-    """EqSpec with hook points in the round's model calls; with the defaults it *is* EqSpec.
-
-    EqSpec computes position ids and the draft's mask inline in `propose` and `batch_verify`;
-    the position-id and mask mutants override one hook here instead of copying those methods.
-    """
-
-    def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
-        """Position ids [B, width] of `width` new inputs after a cache whose real slots are
-        `mask` [B, S]; `role` is "draft" or "target". None: let the model default them."""
-        return mask.sum(1, keepdim=True) + torch.arange(width)
-
-    def call_mask(self, state: BatchState, mask: torch.Tensor, role: str) -> torch.Tensor | None:
-        """The attention mask passed to the model, given the right one `mask` [B, S + T]."""
-        return mask
-
-    def propose(self, draft: torch.nn.Module, state: BatchState, k: int) -> torch.Tensor:
-        batch = state.rows.numel()
-        mask, token, drafts = state.draft_mask, state.pending[:, None], []
-        for step in range(k + 1):
-            position = self.positions(state, mask, 1, "draft")  # [B, 1]
-            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)  # [B, S + step + 1]
-            logits, state.draft_cache = call_model(
-                draft, token, self.call_mask(state, mask, "draft"), position, state.draft_cache
-            )
-            if step < k:
-                token = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
-                drafts.append(token)
-        return torch.cat(drafts, dim=1)
-
-    def batch_verify(self, target: torch.nn.Module, state: BatchState, drafts: torch.Tensor) -> torch.Tensor:
-        block = torch.cat([state.pending[:, None], drafts], dim=1)  # [B, K + 1]
-        positions = self.positions(state, state.mask, block.shape[1], "target")  # [B, K + 1]
-        mask = torch.cat([state.mask, state.mask.new_ones(block.shape)], dim=1)  # [B, S + K + 1]
-        target_mask = self.call_mask(state, mask, "target")
-        logits, state.target_cache = call_model(target, block, target_mask, positions, state.target_cache)
-        return logits.argmax(-1)
 
 
 def mask_in_place(
@@ -220,7 +181,7 @@ class CropToShortest(EqSpec):
     The "rollback" strategy for ragged acceptance (paper, section 2: it discards verified
     tokens): no re-padding is ever needed because all rows advance equally. Output-equivalent
     (the token after the kept prefix is the target's own prediction); only token preservation
-    can see verified tokens thrown away (today it does not: same gap as acceptance_one_short).
+    can see verified tokens thrown away.
     Needs rows with different acceptance.
     """
 
@@ -258,7 +219,7 @@ class RejectedKvAttended(EqSpec):
         return self.gather_rows(state, keep, draft_keep, bonus, finished)
 
 
-class RejectedKvMaskedNoPositionIds(RoundHooks):
+class RejectedKvMaskedNoPositionIds(EqSpec):
     """Rejected KV kept in the cache with mask 0, and no position ids passed (seen in BSP).
 
     Masking the rejected slots would be fine (see LazySpec) if positions counted attended
@@ -385,7 +346,7 @@ class CacheRowsPermuted(EqSpec):
 # Masks and padding
 
 
-class MaskNotUpdatedAfterRepad(RoundHooks):
+class MaskNotUpdatedAfterRepad(EqSpec):
     """The attention mask passed to the models is not recomputed after the re-pad (—).
 
     The caches are realigned and the decoder's own bookkeeping (positions, what to keep) is
@@ -478,7 +439,7 @@ class RightPadding(EqSpec):
         return state, first
 
 
-class DraftWithoutMask(RoundHooks):
+class DraftWithoutMask(EqSpec):
     """The draft is run without an attention mask while proposing (—).
 
     It attends pads, so it proposes worse drafts; the target still verifies them, so the
@@ -497,7 +458,7 @@ class DraftWithoutMask(RoundHooks):
 # Position ids
 
 
-class PositionsFromArange(RoundHooks):
+class PositionsFromArange(EqSpec):
     """Position ids from past length + arange, offset by each row's padding at prefill and
     never updated (seen in BSP; HF's default arange positions).
 
@@ -518,7 +479,7 @@ class PositionsFromArange(RoundHooks):
         return mask.shape[1] - self.prefill_pads[state.rows][:, None] + torch.arange(width)
 
 
-class BatchUniformCacheOffset(RoundHooks):
+class BatchUniformCacheOffset(EqSpec):
     """One cache offset for the whole batch: every row's new positions start at the cache
     width, like HF's batch-wide `cache_position` (HF defaults).
 
@@ -532,7 +493,7 @@ class BatchUniformCacheOffset(RoundHooks):
         return (mask.shape[1] + torch.arange(width)).expand(mask.shape[0], width)
 
 
-class VerifyPositionOffByOne(RoundHooks):
+class VerifyPositionOffByOne(EqSpec):
     """The verify call's positions start one too late: length + 1 + arange (several).
 
     Diverges at once, even at batch size 1.
