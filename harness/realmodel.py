@@ -688,66 +688,12 @@ def run_real(
 
 
 def diagnose_real(run: Run) -> Any:
-    """`harness.diagnosis.diagnose` for a run on external models.
+    """`harness.diagnosis.diagnose` for a run on external models: its batch-size-1 re-run of a
+    diverging row goes through `run.rerun` (the same decoder and models, every call checked),
+    so an invariant hidden by I2 sampling in the batch still names the signature."""
+    from harness.diagnosis import diagnose
 
-    `diagnose` re-runs a diverging row at batch size 1 to tell a "bonus" error from a batch
-    one, and builds that re-run on a built-in model by name; here the re-run goes through
-    `run.rerun` (the same decoder and models, every target call checked). With I2 sampled, a
-    divergence may come first while the broken invariant sat in an unsampled call; if the
-    batch-size-1 re-run shows it, the signature is taken from that I1/I2 evidence.
-    Everything else is `diagnose`'s.
-    """
-    from harness.checks import equivalence
-    from harness.diagnosis import Diagnosis, all_violations, diagnose, i2_signature, single_row
-
-    violations = all_violations(run)
-    rerun_fn = getattr(run, "rerun", None)
-    if not violations or violations[0].check != "equivalence" or rerun_fn is None:
-        return diagnose(run)
-    eq = equivalence(run)
-    row = next(r for r in eq.rows if not r.equivalent)
-    reference = row.reference
-    if row.found[: len(reference)] == reference[: len(row.found)]:
-        signature, reason = (
-            "bookkeeping",
-            f"row {row.row} stops at the wrong place ({row.found_stop} vs {row.expected_stop})",
-        )
-    else:
-        alone = rerun_fn(single_row(run.case, row.row))
-        seen = all_violations(alone) if alone.outputs is not None else []
-        if seen and seen[0].check in ("I1", "I2"):
-            if seen[0].check == "I1":
-                signature, why = "position-id", f"the batch is not rectangular ({seen[0].rule})"
-            else:
-                signature, why = i2_signature(seen[0])
-            reason = f"{why}; seen on the batch-size-1 re-run of row {row.row}, every call checked: {seen[0].render()}"
-        elif alone.outputs is not None and not all(r.equivalent for r in equivalence(alone).rows):
-            signature, reason = "bonus", "the wrong token appears even at batch size 1"
-        else:
-            signature, reason = (
-                "bookkeeping",
-                "the output goes wrong only in a batch, with every checked invariant intact",
-            )
-    if all(r.exact for r in eq.rows):
-        verdict = "exact"
-    elif all(r.equivalent for r in eq.rows):
-        verdict = f"equivalent modulo {eq.ties} tie(s)"
-    else:
-        verdict = "diverged"
-    return Diagnosis(
-        run.decoder,
-        run.case,
-        False,
-        verdict,
-        "equivalence",
-        violations[0],
-        signature,
-        reason,
-        eq.exact_match,
-        eq.partial_match,
-        eq.ties,
-        tuple(violations),
-    )
+    return diagnose(run)
 
 
 def audit_batch(run: RealRun) -> Any:
