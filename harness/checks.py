@@ -10,6 +10,7 @@ Rounds are counted in target calls: "target call c" is the decoder's c-th call o
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -188,7 +189,8 @@ def _prefix(flags: torch.Tensor) -> int:
     return int(flags.long().cumprod(0).sum())
 
 
-def _lcp(a: tuple[int, ...] | list[int], b: tuple[int, ...]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
@@ -232,7 +234,7 @@ def _row_views(run: Run) -> tuple[list[RowView], list[Violation]]:
             for r, sequence in enumerate(reader.sequences):
                 matched = _prefix(reader.matches(call, row, past_slots, sequence)) if past_slots else 0
                 whole = matched == min(len(past_slots), len(sequence))
-                extra = _lcp(current_tokens, sequence[len(past_slots) :]) if whole else 0
+                extra = common_prefix(current_tokens, sequence[len(past_slots) :]) if whole else 0
                 prompt_fits = len(run.case.prompts[r]) <= len(past_slots) + len(current_tokens)
                 score = (matched + extra, prompt_fits, len(run.case.prompts[r]) if prompt_fits else 0, r not in used)
                 if best is None or score > best[0]:
@@ -306,7 +308,7 @@ class RowEquivalence:
     @property
     def partial(self) -> float:
         """Common prefix over oracle length (the paper's partial match)."""
-        return _lcp(self.found, self.expected) / max(len(self.expected), 1)
+        return common_prefix(self.found, self.expected) / max(len(self.expected), 1)
 
 
 @dataclass(frozen=True)
@@ -324,6 +326,14 @@ class Equivalence:
     @property
     def ties(self) -> int:
         return sum(len(r.ties) for r in self.rows)
+
+    @property
+    def verdict(self) -> str:
+        if all(r.exact for r in self.rows):
+            return "exact"
+        if all(r.equivalent for r in self.rows):
+            return f"equivalent modulo {self.ties} tie(s)"
+        return "diverged"
 
 
 def stop_reason(tokens: list[int] | tuple[int, ...], max_new_tokens: int, eos: int | None) -> str:
@@ -344,7 +354,7 @@ def compare_row(run: Run, r: int) -> RowEquivalence:
     found = tuple(run.outputs[r]) if run.outputs is not None else ()
     tolerance = TIE_TOLERANCE[DTYPES[case.dtype]]
     reference, margins, ties = oracle.tokens, oracle.margins, []
-    i = _lcp(found, reference)
+    i = common_prefix(found, reference)
     while i < min(len(found), len(reference)) and margins[i] <= tolerance and found[i] != case.eos_token_id:
         ties.append(i)
         prefix = case.prompts[r] + found[: i + 1]
@@ -354,7 +364,7 @@ def compare_row(run: Run, r: int) -> RowEquivalence:
         )
         reference = found[: i + 1] + (resync.tokens if resync else ())
         margins = margins[: i + 1] + (resync.margins if resync else ())
-        i = _lcp(found, reference)
+        i = common_prefix(found, reference)
     stop = stop_reason(found, case.max_new_tokens, case.eos_token_id)
     diverged = None if found == reference else i
     resynced = reference if ties else None

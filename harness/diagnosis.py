@@ -147,14 +147,7 @@ def diagnose(run: Run) -> Diagnosis:
     violations = all_violations(run)
     eq = equivalence(run) if run.outputs is not None else None
     exact, partial, ties = (eq.exact_match, eq.partial_match, eq.ties) if eq else (0.0, 0.0, 0)
-    if eq is None:
-        verdict = "contract broken"
-    elif all(r.exact for r in eq.rows):
-        verdict = "exact"
-    elif all(r.equivalent for r in eq.rows):
-        verdict = f"equivalent modulo {ties} tie(s)"
-    else:
-        verdict = "diverged"
+    verdict = eq.verdict if eq is not None else "contract broken"
     if not violations:
         signature, reason = ("numerical-tie", f"{ties} divergence(s) at numerical ties only") if ties else (None, "")
         return Diagnosis(run.decoder, run.case, True, verdict, None, None, signature, reason, exact, partial, ties, ())

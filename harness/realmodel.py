@@ -495,6 +495,29 @@ def _call(decoder: Any, target: Any, draft: Any, case: Case, device: torch.devic
     )
 
 
+def _timed_call(
+    decoder_spec: str, factory: Any, target: Any, draft: Any, case: Case, timeout_s: float
+) -> tuple[list[list[int]] | None, Any, float, Any]:
+    """A fresh decoder on `case`, timed with the device synchronized: (outputs or None, the
+    ContractError or None, seconds, the decoder)."""
+    import torch
+
+    from harness.contract import ContractError, instantiate
+
+    device = model_device(target)
+    decoder = instantiate(factory, decoder_spec)
+    outputs, error = None, None
+    _sync(device)
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            outputs = _call(decoder, target, draft, case, device, timeout_s)
+    except ContractError as exc:
+        error = exc
+    _sync(device)
+    return outputs, error, time.perf_counter() - start, decoder
+
+
 def run_batch(
     decoder_spec: str,
     factory: Any,
@@ -511,40 +534,18 @@ def run_batch(
     timeout_s: float = 600.0,
 ) -> RealRun:
     """One batch: optional un-instrumented timing run, then the instrumented run."""
-    import torch
 
     from fixtures.transparent import RequestScript
-    from harness.contract import ContractError, instantiate
     from harness.instrument import instrument
 
-    device = model_device(target)
     judge = checks_target(target)
     if oracle is None:
         oracle, oracle_seconds = oracle_for(judge, case)
     baseline_seconds, baseline_outputs = math.nan, None
-    if baseline:
-        decoder = instantiate(factory, decoder_spec)
-        _sync(device)
-        start = time.perf_counter()
-        try:
-            with torch.no_grad():
-                baseline_outputs = _call(decoder, target, draft, case, device, timeout_s)
-        except ContractError:
-            baseline_outputs = None  # the instrumented run below reports it
-        _sync(device)
-        baseline_seconds = time.perf_counter() - start
-    decoder = instantiate(factory, decoder_spec)
-    outputs, error = None, None
+    if baseline:  # a contract breach here is reported by the instrumented run below
+        baseline_outputs, _, baseline_seconds, _ = _timed_call(decoder_spec, factory, target, draft, case, timeout_s)
     with instrument(target, draft, sample) as recording:
-        _sync(device)
-        start = time.perf_counter()
-        try:
-            with torch.no_grad():
-                outputs = _call(decoder, target, draft, case, device, timeout_s)
-        except ContractError as exc:
-            error = exc
-        _sync(device)
-        seconds = time.perf_counter() - start
+        outputs, error, seconds, decoder = _timed_call(decoder_spec, factory, target, draft, case, timeout_s)
     scripts = [RequestScript(p, o.tokens, ()) for p, o in zip(case.prompts, oracle)]
 
     def rerun(sub: Case) -> Run:
@@ -593,18 +594,10 @@ def warm_up(
 ) -> None:
     """One short un-instrumented call, so one-time costs (kernel selection, allocator, lazy
     imports) do not land in the first batch's timing. Its output is not judged."""
-    import torch
-
     from harness.case import Case
-    from harness.contract import ContractError, instantiate
 
     case = Case((prompt,), ((),), num_draft_tokens, 2, eos, pad, 0, "external:warm-up", "external", "float32")
-    try:
-        with torch.no_grad():
-            _call(instantiate(factory, decoder_spec), target, draft, case, model_device(target), timeout_s)
-    except ContractError:
-        pass  # the audited run reports it
-    _sync(model_device(target))
+    _timed_call(decoder_spec, factory, target, draft, case, timeout_s)  # a breach: the audited run reports it
 
 
 def run_real(

@@ -39,7 +39,7 @@ from itertools import count
 from fixtures import VOCAB_SIZE
 from fixtures.transparent import fit_mask
 from harness.case import Case
-from harness.checks import row_views
+from harness.checks import common_prefix, row_views
 from harness.runner import Run, oracle_continuation
 from reference.oracle import truncate
 
@@ -68,15 +68,6 @@ class Transplant:
         return f"Transplant({self.case!r}, rounds(start, accepted)={shape}, stops_reproduced={self.stops_reproduced})"
 
 
-def _lcp(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def committed(run: Run) -> list[tuple[int, ...]]:
     """Per request, the tokens the decoder committed (its output; the oracle's if it broke the contract)."""
     if run.outputs is not None:
@@ -100,8 +91,8 @@ def identify(
         sequence = prompt + out
         if past + len(current) < len(prompt) and r not in generated:
             continue
-        by_position = _lcp(current, sequence[past:]) if past <= len(sequence) else 0
-        by_count = _lcp(current, sequence[len(prompt) + generated[r] - 1 :]) if generated.get(r, 0) > 0 else 0
+        by_position = common_prefix(current, sequence[past:]) if past <= len(sequence) else 0
+        by_count = common_prefix(current, sequence[len(prompt) + generated[r] - 1 :]) if generated.get(r, 0) > 0 else 0
         match = max(by_position, by_count)
         if match == 0:
             continue
@@ -150,7 +141,7 @@ def observed_rounds(run: Run) -> list[tuple[Round, ...]]:
                 # the cache holds more or less than was committed (a bug): read the round from
                 # the committed count, [pending, drafts...] as a verify call feeds them
                 drafts, start = current[1:], g
-            accepted = min(_lcp(drafts, outputs[r][start:]), len(drafts))
+            accepted = min(common_prefix(drafts, outputs[r][start:]), len(drafts))
             if drafts:
                 rounds[r].append(Round(call.index, b, start, len(drafts), accepted))
                 generated[r] = start + accepted + 1

@@ -26,7 +26,15 @@ import torch
 
 from fixtures.pairs import DTYPES
 from harness.case import Case
-from harness.checks import RowEquivalence, Violation, check_contract, check_equivalence, equivalence, render
+from harness.checks import (
+    Equivalence,
+    RowEquivalence,
+    Violation,
+    check_contract,
+    check_equivalence,
+    equivalence,
+    render,
+)
 from harness.contract import ContractError, instantiate, load_decoder, validate_output
 from harness.instrument import Recording
 from harness.runner import Run
@@ -71,26 +79,24 @@ class BlackBoxResult:
         return not self.violations
 
     @property
+    def summary(self) -> Equivalence:
+        return Equivalence(self.rows)
+
+    @property
     def exact_match(self) -> float:
-        return sum(r.exact for r in self.rows) / max(len(self.rows), 1)
+        return self.summary.exact_match
 
     @property
     def partial_match(self) -> float:
-        return sum(r.partial for r in self.rows) / max(len(self.rows), 1)
+        return self.summary.partial_match
 
     @property
     def ties(self) -> int:
-        return sum(len(r.ties) for r in self.rows)
+        return self.summary.ties
 
     @property
     def verdict(self) -> str:
-        if self.outputs is None:
-            return "contract broken"
-        if all(r.exact for r in self.rows):
-            return "exact"
-        if all(r.equivalent for r in self.rows):
-            return f"equivalent modulo {self.ties} tie(s)"
-        return "diverged"
+        return "contract broken" if self.outputs is None else self.summary.verdict
 
     @property
     def new_tokens(self) -> int:
