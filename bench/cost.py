@@ -52,8 +52,8 @@ from bench.variants import (  # noqa: E402
     check_repad_loop,
     synchronizer,
 )
-from fixtures import VOCAB_SIZE  # noqa: E402
-from fixtures.tiny import build_tiny  # noqa: E402
+from specaudit.fixtures import VOCAB_SIZE  # noqa: E402
+from specaudit.fixtures.tiny import build_tiny  # noqa: E402
 
 FULL = {
     "align_batch_sizes": [1, 2, 4, 8, 16, 32],
@@ -466,14 +466,14 @@ def main(argv: list[str] | None = None) -> None:
     context = torch.device(device) if device.type != "cpu" else contextlib.nullcontext()
     started = time.perf_counter()
     results: dict[str, Any] = {}
-    # models are built (and cached by fixtures.tiny) on the CPU, outside that context: built under
+    # models are built (and cached by specaudit.fixtures.tiny) on the CPU, outside that context: built under
     # it, their weights would be drawn on the device, by its generator, into the shared cache
     bench = Bench(args)
     with context, torch.no_grad():
         results["config"] = {
             **bench.cfg,
             "quick": args.quick,
-            "model": "tiny llama (fixtures.tiny): target 2 layers, draft = its first layer",
+            "model": "tiny llama (specaudit.fixtures.tiny): target 2 layers, draft = its first layer",
             "dtype": args.dtype,
             "k": args.k,
             "max_new_tokens": args.max_new_tokens,

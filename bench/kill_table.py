@@ -1,6 +1,6 @@
 """Kill table: how fast the suite catches each planted bug (issue 3).
 
-For every entry of reference.mutants.CATALOG and several seeds, search generated cases (the
+For every entry of specaudit.reference.mutants.CATALOG and several seeds, search generated cases (the
 same strategies as the conformance suite) until the first failure, then let Hypothesis
 shrink it and diagnose the minimal case. Records per bug: median examples and seconds to
 the first failure, the slowest seed, shrunk rows, first violated check and signature.
@@ -16,16 +16,16 @@ import json
 import statistics
 from pathlib import Path
 
-from harness.diagnosis import diagnose
-from harness.runner import run_case
-from harness.search import search
-from reference.mutants import CATALOG
+from specaudit.diagnosis import diagnose
+from specaudit.runner import run_case
+from specaudit.search import search
+from specaudit.reference.mutants import CATALOG
 
 RESULTS = Path(__file__).parent / "results"
 
 
 def kill(name: str, model: str, seeds: int, max_examples: int) -> dict[str, object]:
-    spec = f"reference.mutants:{name}"
+    spec = f"specaudit.reference.mutants:{name}"
     attempts = [search(spec, model, max_examples=max_examples, seed=seed) for seed in range(seeds)]
     found = [a for a in attempts if a.found]
     row: dict[str, object] = {"bug": name, "model": model, "seeds": seeds, "caught": len(found)}

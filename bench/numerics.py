@@ -16,15 +16,15 @@ import random
 import time
 from pathlib import Path
 
-from harness.case import Case
-from harness.checks import check_i1, check_i2, equivalence
-from harness.runner import run_case
+from specaudit.case import Case
+from specaudit.checks import check_i1, check_i2, equivalence
+from specaudit.runner import run_case
 
 DECODERS = {
-    "EQSPEC": "reference.eqspec:EqSpec",
-    "EXSPEC": "reference.exspec:ExSpec",
-    "LazySpec": "reference.lazy:LazySpec",
-    "batched greedy (control)": "reference.batched:BatchedGreedy",
+    "EQSPEC": "specaudit.reference.eqspec:EqSpec",
+    "EXSPEC": "specaudit.reference.exspec:ExSpec",
+    "LazySpec": "specaudit.reference.lazy:LazySpec",
+    "batched greedy (control)": "specaudit.reference.batched:BatchedGreedy",
 }
 ARCHS = ("llama", "qwen3", "gpt2")
 RESULTS = Path(__file__).parent / "results"

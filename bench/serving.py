@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.eqspec import EqSpec
-from reference.exspec import ExSpec
+from specaudit.reference.eqspec import EqSpec
+from specaudit.reference.exspec import ExSpec
 
 
 def pad_prompts(

@@ -16,18 +16,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness.compat import cache_from_call, cache_from_tensors, cache_layers, cache_length, set_cache_layers
-from reference.batched import BatchedGreedy
-from reference.eqspec import BatchState, EqSpec, repad
-from reference.exspec import ExSpec
-from reference.lazy import LazySpec
+from specaudit.compat import cache_from_call, cache_from_tensors, cache_layers, cache_length, set_cache_layers
+from specaudit.reference.batched import BatchedGreedy
+from specaudit.reference.eqspec import BatchState, EqSpec, repad
+from specaudit.reference.exspec import ExSpec
+from specaudit.reference.lazy import LazySpec
 
 
 def repad_loop(cache: Any, keep: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     """Unpad, append, repad, one row and one layer at a time (the paper's EQSPEC style).
 
     For every layer and every active row: slice the row's kept slots out ([H, n_b, D]), left-pad
-    them with zeros to the new width W, then stack the rows. Same result as `reference.eqspec.repad`
+    them with zeros to the new width W, then stack the rows. Same result as `specaudit.reference.eqspec.repad`
     on every kept slot; pad slots hold zeros instead of whatever the gather copied there (both
     are masked). Returns the new mask [B', W].
     """

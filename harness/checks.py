@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from fixtures.pairs import DTYPES, KV_TOLERANCE, TIE_TOLERANCE, is_exact
-from fixtures.transparent import fit_mask, read_slots
-from harness.instrument import CallRecord
-from harness.runner import Run
-from reference.oracle import greedy_oracle, reference_kv
+from specaudit.fixtures.pairs import DTYPES, KV_TOLERANCE, TIE_TOLERANCE, is_exact
+from specaudit.fixtures.transparent import fit_mask, read_slots
+from specaudit.instrument import CallRecord
+from specaudit.runner import Run
+from specaudit.reference.oracle import greedy_oracle, reference_kv
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.pytest_plugin import DEFAULT_DECODERS, DEFAULT_MODELS
+from specaudit.models import DEFAULT_DECODERS, MODELS as DEFAULT_MODELS
 
 PLANTED_BUG_EXAMPLES = 300
 """Search budget for a planted bug: the search stops at its first failure, so this is a bound."""
 
 if TYPE_CHECKING:
-    from harness.diagnosis import Diagnosis
-    from harness.runner import Run
+    from specaudit.diagnosis import Diagnosis
+    from specaudit.runner import Run
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Verdict:
         return self.passed != self.expect_failure
 
     def record(self, run: Run) -> None:
-        from harness.checks import equivalence
+        from specaudit.checks import equivalence
 
         self.examples += 1
         if run.outputs is None:
@@ -88,10 +88,10 @@ def audit_model(
 ) -> Verdict:
     """Every check on up to `examples` generated cases; the first failure is shrunk and
     diagnosed. The first case also runs without hooks, to measure the instrumentation's cost."""
-    from harness.contract import load_decoder
-    from harness.diagnosis import diagnose
-    from harness.runner import run_case
-    from harness.search import search
+    from specaudit.contract import load_decoder
+    from specaudit.diagnosis import diagnose
+    from specaudit.runner import run_case
+    from specaudit.search import search
 
     factory = load_decoder(spec)
     verdict = Verdict(spec, model, expect_failure)
@@ -170,13 +170,13 @@ def format_table(verdicts: list[Verdict]) -> str:
 
 def default_audit() -> list[tuple[str, bool]]:
     """The main job: the reference decoders must pass, every planted bug must be caught."""
-    from reference.mutants import CATALOG
+    from specaudit.reference.mutants import CATALOG
 
-    return [(spec, False) for spec in DEFAULT_DECODERS] + [(f"reference.mutants:{name}", True) for name in CATALOG]
+    return [(spec, False) for spec in DEFAULT_DECODERS] + [(f"specaudit.reference.mutants:{name}", True) for name in CATALOG]
 
 
 def write_outputs(directory: Path, verdicts: list[Verdict]) -> None:
-    from harness.reproducer import write_reproducer
+    from specaudit.reproducer import write_reproducer
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "report.json").write_text(json.dumps([v.to_json() for v in verdicts], indent=1) + "\n")
@@ -188,10 +188,10 @@ def write_outputs(directory: Path, verdicts: list[Verdict]) -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from harness.contract import DecoderLoadError, load_decoder
+    from specaudit.contract import DecoderLoadError, load_decoder
 
     if getattr(args, "target", None):
-        from harness.realmodel import run_real_audit
+        from specaudit.realmodel import run_real_audit
 
         return run_real_audit(args)
     if getattr(args, "draft", None) or getattr(args, "prompts", None):
@@ -235,10 +235,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay one case file against a decoder and print its diagnosis."""
-    from harness.case import Case, CaseFormatError
-    from harness.contract import DecoderLoadError, load_decoder
-    from harness.diagnosis import diagnose
-    from harness.runner import run_case
+    from specaudit.case import Case, CaseFormatError
+    from specaudit.contract import DecoderLoadError, load_decoder
+    from specaudit.diagnosis import diagnose
+    from specaudit.runner import run_case
 
     try:
         case = Case.load(args.case)
@@ -261,6 +261,7 @@ def usage_error(message: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specaudit", description="Correctness audit for batch speculative decoders.")
     sub = parser.add_subparsers(dest="command")
+    sub.add_parser("suite", help="run the installed conformance suite: specaudit suite --decoder MODULE:ATTR [pytest args]")
     audit = sub.add_parser(
         "audit", help="audit decoders on the built-in models (default: reference decoders and planted bugs)"
     )
@@ -270,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--seed", type=int, default=0, help="Hypothesis seed (same seed, same cases)")
     audit.add_argument("--quiet", action="store_true", help="no progress line")
     audit.add_argument("--out", type=Path, default=None, metavar="DIR", help="write DIR/report.json and DIR/repro/")
-    from harness.realmodel import add_arguments as add_real_model_arguments
+    from specaudit.realmodel import add_arguments as add_real_model_arguments
 
     add_real_model_arguments(audit)  # --target/--draft/--device/--dtype/--prompts: real-model mode
     audit.set_defaults(func=cmd_audit)
@@ -279,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--decoder", required=True, metavar="MODULE:ATTR")
     replay.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     replay.set_defaults(func=cmd_replay)
-    from harness import gate, minimize
+    from specaudit import gate, minimize
 
     minimize.add_command(sub)
     gate.add_command(sub)
@@ -287,6 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["suite"]:  # everything after `suite` belongs to pytest
+        from specaudit.suite import run_suite
+
+        return run_suite(argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

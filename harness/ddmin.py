@@ -6,7 +6,7 @@ Two layers:
   with a `fails(subset) -> bool` predicate (True: the subset still shows the failure).
 - `minimize_case(decoder_spec, case)`: ddmin and small scans applied to a `Case`, stage by
   stage, keeping the *same failure class*: the (first violated check, signature) pair of
-  `harness.diagnosis.diagnose` on the original case. A candidate that fails differently (a
+  `specaudit.diagnosis.diagnose` on the original case. A candidate that fails differently (a
   contract break where there was an I2 violation, say) does not count as reproducing.
 
 Stages, in order, repeated until a whole pass changes nothing (or the budget runs out):
@@ -30,7 +30,7 @@ to the new one. A candidate that is not a valid case (two distinct prompts made 
 different patterns) or is ambiguous for the scripted draft (a prompt plus its oracle
 continuation starting with another prompt) is skipped without a run.
 
-Every run goes through `harness.runner.run_case`, whose oracle continuations are cached per
+Every run goes through `specaudit.runner.run_case`, whose oracle continuations are cached per
 prompt, so on the transparent model a rerun costs one decoder run: an 8-row case shrinks
 in about a hundred runs, a few seconds.
 """
@@ -42,9 +42,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from harness.case import Case
-from harness.diagnosis import Diagnosis, diagnose
-from harness.runner import Run, run_case
+from specaudit.case import Case
+from specaudit.diagnosis import Diagnosis, diagnose
+from specaudit.runner import Run, run_case
 
 T = TypeVar("T")
 
@@ -195,7 +195,7 @@ class CaseMinimizer:
         budget: int = DEFAULT_BUDGET,
         runner: Callable[[Case], Run] | None = None,
     ) -> None:
-        from harness.contract import load_decoder
+        from specaudit.contract import load_decoder
 
         if runner is None:
             factory = factory or load_decoder(decoder_spec)
@@ -254,7 +254,7 @@ def failure_class(d: Diagnosis) -> tuple[str | None, ...]:
 
 
 def _ambiguous(case: Case) -> bool:
-    from harness.strategies import ambiguous
+    from specaudit.strategies import ambiguous
 
     try:
         return ambiguous(case.model, case.dtype, set(case.prompts), case.horizon)

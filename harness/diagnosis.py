@@ -17,8 +17,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness.case import Case
-from harness.checks import (
+from specaudit.case import Case
+from specaudit.checks import (
     Violation,
     check_contract,
     check_equivalence,
@@ -28,7 +28,7 @@ from harness.checks import (
     equivalence,
     render,
 )
-from harness.runner import Run, run_case
+from specaudit.runner import Run, run_case
 
 CHECK_ORDER = ("contract", "I1", "I2", "equivalence", "token-preservation")
 SIGNATURES = ("position-id", "kv-drift", "bonus", "numerical-tie", "output-equivalent", "bookkeeping", "contract")

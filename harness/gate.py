@@ -1,6 +1,6 @@
 """`specaudit gate`: the audit with thresholds, for CI, writing JUnit XML.
 
-For every decoder x model it runs exactly what `specaudit audit` runs (`harness.cli.audit_model`:
+For every decoder x model it runs exactly what `specaudit audit` runs (`specaudit.cli.audit_model`:
 Hypothesis-generated cases, every check, the failing case shrunk and diagnosed), records one
 JUnit testcase, and applies the thresholds:
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.cli import Verdict
+    from specaudit.cli import Verdict
 
 DEFAULT_JUNIT = Path("specaudit-junit.xml")
 DEFAULT_OUT = Path("specaudit-out") / "gate"
@@ -142,7 +142,7 @@ def _number(value: Any) -> str:
 
 def write_reproducers(verdict: Verdict, out: Path) -> list[Path]:
     """The shrunk failing case as `<decoder>-<model>.json` plus its regression test."""
-    from harness.minimize import write_minimized
+    from specaudit.minimize import write_minimized
 
     assert verdict.diagnosis is not None
     name = f"{verdict.decoder}-{verdict.model}"
@@ -150,10 +150,10 @@ def write_reproducers(verdict: Verdict, out: Path) -> list[Path]:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    # Imported here, not at module top: harness.cli imports this module to add the command.
-    from harness.cli import Progress, audit_model, format_table, usage_error
-    from harness.contract import DecoderLoadError, load_decoder
-    from harness.pytest_plugin import DEFAULT_DECODERS, DEFAULT_MODELS
+    # Imported here, not at module top: specaudit.cli imports this module to add the command.
+    from specaudit.cli import Progress, audit_model, format_table, usage_error
+    from specaudit.contract import DecoderLoadError, load_decoder
+    from specaudit.models import DEFAULT_DECODERS, MODELS as DEFAULT_MODELS
 
     specs = args.decoder or list(DEFAULT_DECODERS)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -220,7 +220,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 def add_command(subparsers: Any) -> argparse.ArgumentParser:
     """Add `gate` to the `specaudit` sub-command parsers (`build_parser`'s `sub`)."""
-    from harness.pytest_plugin import DEFAULT_MODELS
+    from specaudit.models import MODELS as DEFAULT_MODELS
 
     parser = subparsers.add_parser(
         "gate",

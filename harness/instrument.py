@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.compat import cache_from_call, cache_layers, output_cache
+from specaudit.compat import cache_from_call, cache_layers, output_cache
 
 
 @dataclass

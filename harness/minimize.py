@@ -1,15 +1,15 @@
 """`specaudit minimize FILE --decoder MODULE:ATTR`: delta-debug a failing case file.
 
 The case (any case file: one written by hand, by a real-model run, or a reproducer the suite
-left behind) is run against the decoder; if it fails, `harness.ddmin.minimize_case` shrinks
+left behind) is run against the decoder; if it fails, `specaudit.ddmin.minimize_case` shrinks
 it keeping the failure class, and two files are written to --out:
 
   <name>.json                  the minimized case as a reproducer (replayable with
                                `specaudit replay` and minimizable again), plus the decoder and
                                the evidence;
   test_regression_<name>.py    a self-contained pytest file holding the case: run it with
-                               `pytest test_regression_<name>.py --decoder MODULE:ATTR`
-                               (without --decoder: the reference decoders).
+                               `pytest test_regression_<name>.py --specaudit-decoder MODULE:ATTR`
+                               (without it: the reference decoders).
 
 Exit status: 1 when the decoder fails the case (files written), 0 when it passes, 2 for
 usage errors (unreadable case, bad decoder, unknown model), each told in one line on stderr.
@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.case import Case
-    from harness.ddmin import MinimizeResult
-    from harness.diagnosis import Diagnosis
+    from specaudit.case import Case
+    from specaudit.ddmin import MinimizeResult
+    from specaudit.diagnosis import Diagnosis
 
 DEFAULT_OUT = Path("specaudit-out") / "minimized"
 
 _TEMPLATE = '''"""Regression test written by `specaudit minimize`: a minimized failing case, embedded.
 
-Run it against a decoder with `pytest THIS_FILE --decoder MODULE:ATTR`; with no --decoder the
+Run it against a decoder with `pytest THIS_FILE --specaudit-decoder MODULE:ATTR`; without it the
 specaudit plugin runs it against the reference decoders, which pass it.
 """
 
@@ -47,21 +47,21 @@ from __future__ import annotations
 
 import pytest
 
-from harness.case import Case
-from harness.checks import explain
-from harness.diagnosis import all_violations
-from harness.reproducer import remember_failure
-from harness.runner import run_case
+from specaudit.case import Case
+from specaudit.checks import explain
+from specaudit.diagnosis import all_violations
+from specaudit.reproducer import remember_failure
+from specaudit.runner import run_case
 
 pytestmark = pytest.mark.specaudit
 
 CASE = {case}
 
 
-def test_regression_{name}(decoder_spec: str) -> None:
+def test_regression_{name}(specaudit_decoder: str) -> None:
     """The minimized case passes every check: contract, I1, I2, equivalence, token preservation."""
     case = Case.from_json(CASE)
-    run = run_case(decoder_spec, case)
+    run = run_case(specaudit_decoder, case)
     violations = all_violations(run)
     if violations:
         remember_failure(run, violations)  # the plugin writes it to --specaudit-out
@@ -82,7 +82,7 @@ def _comment(text: str) -> str:
 def regression_test_source(case: Case, diagnosis: Diagnosis, name: str, summary: str = "") -> str:
     """A ready pytest file: `CASE` holds the case's JSON form as a Python literal; every
     free-text part (decoder, evidence) sits in comments, so any text is safe to embed."""
-    from harness.checks import render
+    from specaudit.checks import render
 
     return _TEMPLATE.format(
         decoder=diagnosis.decoder.replace("\n", " "),
@@ -97,7 +97,7 @@ def regression_test_source(case: Case, diagnosis: Diagnosis, name: str, summary:
 
 def write_minimized(directory: Path, name: str, diagnosis: Diagnosis, summary: str = "") -> tuple[Path, Path]:
     """Write `DIR/<name>.json` (reproducer) and `DIR/test_regression_<name>.py`; return both paths."""
-    from harness.reproducer import write_reproducer
+    from specaudit.reproducer import write_reproducer
 
     name = identifier(name)
     failure: dict[str, Any] = {
@@ -123,11 +123,11 @@ def output_name(case_file: Path, out: Path) -> str:
 
 
 def cmd_minimize(args: argparse.Namespace) -> int:
-    from fixtures.pairs import check_model
-    from harness.case import Case, CaseFormatError
-    from harness.cli import usage_error
-    from harness.contract import DecoderLoadError, load_decoder
-    from harness.ddmin import CasePasses, minimize_case
+    from specaudit.fixtures.pairs import check_model
+    from specaudit.case import Case, CaseFormatError
+    from specaudit.cli import usage_error
+    from specaudit.contract import DecoderLoadError, load_decoder
+    from specaudit.ddmin import CasePasses, minimize_case
 
     if args.budget < 1:
         return usage_error("--budget must be at least 1")
@@ -152,7 +152,7 @@ def cmd_minimize(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace, result: MinimizeResult, out: Path) -> int:
-    from harness.cli import usage_error
+    from specaudit.cli import usage_error
 
     print(result.diagnosis.render())
     print()
@@ -165,7 +165,7 @@ def report(args: argparse.Namespace, result: MinimizeResult, out: Path) -> int:
         return usage_error(f"cannot write to {out}: {exc.strerror or exc}")
     print(f"\nreproducer:      {reproducer}")
     print(f"regression test: {test}")
-    print(f"  pytest {test} --decoder {args.decoder}")
+    print(f"  pytest {test} --specaudit-decoder {args.decoder}")
     return 1
 
 
@@ -178,7 +178,7 @@ def _short(result: MinimizeResult) -> str:
 
 def add_command(subparsers: Any) -> argparse.ArgumentParser:
     """Add `minimize` to the `specaudit` sub-command parsers (`build_parser`'s `sub`)."""
-    from harness.ddmin import DEFAULT_BUDGET
+    from specaudit.ddmin import DEFAULT_BUDGET
 
     parser = subparsers.add_parser(
         "minimize",

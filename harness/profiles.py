@@ -1,4 +1,8 @@
-"""Hypothesis profiles: dev (fast), ci (derandomized, Hypothesis's own ci settings kept), thorough."""
+"""specaudit's own Hypothesis profiles, prefixed so no user profile is overridden.
+
+`specaudit-dev` (fast), `specaudit-ci` (derandomized, Hypothesis's own ci settings kept) and
+`specaudit-thorough`. Registered and loaded by the conformance suite's conftest only.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +11,26 @@ import os
 from hypothesis import HealthCheck, settings
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-PROFILE_EXAMPLES = {"dev": 15, "ci": 30, "thorough": 300}
+PROFILE_EXAMPLES = {"specaudit-dev": 15, "specaudit-ci": 30, "specaudit-thorough": 300}
 
 
 def register_profiles() -> None:
-    """Idempotent; `ci` inherits Hypothesis's built-in ci profile where it has one."""
+    """Idempotent; `specaudit-ci` inherits Hypothesis's built-in ci profile where it has one."""
     try:
         ci_parent = settings.get_profile("ci")
     except Exception:  # older Hypothesis without a built-in ci profile
         ci_parent = settings.get_profile("default")
-    settings.register_profile("dev", max_examples=PROFILE_EXAMPLES["dev"], **_COMMON)
+    settings.register_profile("specaudit-dev", max_examples=PROFILE_EXAMPLES["specaudit-dev"], **_COMMON)
     settings.register_profile(
-        "ci", parent=ci_parent, max_examples=PROFILE_EXAMPLES["ci"], derandomize=True, database=None, **_COMMON
+        "specaudit-ci",
+        parent=ci_parent,
+        max_examples=PROFILE_EXAMPLES["specaudit-ci"],
+        derandomize=True,
+        database=None,
+        **_COMMON,
     )
-    settings.register_profile("thorough", max_examples=PROFILE_EXAMPLES["thorough"], **_COMMON)
+    settings.register_profile("specaudit-thorough", max_examples=PROFILE_EXAMPLES["specaudit-thorough"], **_COMMON)
 
 
 def default_profile() -> str:
-    return "ci" if os.environ.get("CI") else "dev"
+    return "specaudit-ci" if os.environ.get("CI") else "specaudit-dev"

@@ -13,8 +13,8 @@ target's tokenizer and cut into batches. Per batch:
                 call, I2 (the K/V comparison with a batch-size-1 run, the expensive part) only
                 on a `--check-rate` share of the target calls, drawn by `make_sampler` from a
                 `random.Random` seeded by (seed, batch): the same seed samples the same calls;
-  4. verdict:   tie-aware equivalence with the oracle (`harness.checks.compare_row`), I1, I2,
-                the first violated check and the paper's signature (`harness.diagnosis`).
+  4. verdict:   tie-aware equivalence with the oracle (`specaudit.checks.compare_row`), I1, I2,
+                the first violated check and the paper's signature (`specaudit.diagnosis`).
 
 Throughput is new tokens over the *un-instrumented* wall time (step 2). Instrumentation
 overhead is reported in two parts, both relative to that time: recording (hooks and cache
@@ -26,7 +26,7 @@ With no GPU and no weights the same path runs on the tiny real architectures on 
 
 With `--out DIR` the per-batch results go to DIR/report.json, and a failing batch leaves two
 reproducers under DIR/repro: the real case (`real-*.json`, the real token ids; it needs the
-real models) and its transplant (`transplant-*.json`, see `harness.transplant`), which
+real models) and its transplant (`transplant-*.json`, see `specaudit.transplant`), which
 `specaudit replay` runs on the CPU on the exact models.
 """
 
@@ -48,18 +48,18 @@ from typing import TYPE_CHECKING, Any
 
 # Importing this module stays cheap (the CLI builds its parser on every call): torch,
 # transformers and the harness modules that pull them in are imported where they are used,
-# and the two classes that derive from them, `RealRun` (a `harness.runner.Run`) and
+# and the two classes that derive from them, `RealRun` (a `specaudit.runner.Run`) and
 # `OnDevice` (a `torch.nn.Module`), are created on first access (`__getattr__` below).
 if TYPE_CHECKING:
     import torch
 
-    from harness.case import Case
-    from harness.realmodel import RealRun  # created lazily, see `_classes`
-    from harness.runner import Run
-    from reference.oracle import OracleResult
+    from specaudit.case import Case
+    from specaudit.realmodel import RealRun  # created lazily, see `_classes`
+    from specaudit.runner import Run
+    from specaudit.reference.oracle import OracleResult
 
 DTYPE_CHOICES = ("auto", "float64", "float32", "float16", "bfloat16")
-DEFAULT_DECODER = "reference.eqspec:EqSpec"
+DEFAULT_DECODER = "specaudit.reference.eqspec:EqSpec"
 DEFAULT_CHECK_RATE = 0.25
 
 
@@ -127,7 +127,7 @@ def _check_model_dir(role: str, path: str | Path) -> Path:
 def load_model(role: str, path: str | Path, device: torch.device, dtype: str = "auto") -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    from fixtures.pairs import DTYPES
+    from specaudit.fixtures.pairs import DTYPES
 
     p = _check_model_dir(role, path)
     if dtype not in DTYPE_CHOICES:
@@ -235,7 +235,7 @@ def tiny_tokenizer() -> Any:
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    from fixtures import VOCAB_SIZE
+    from specaudit.fixtures import VOCAB_SIZE
 
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
     vocab.update({chr(29 + i): i for i in range(3, VOCAB_SIZE)})
@@ -245,7 +245,7 @@ def tiny_tokenizer() -> Any:
 
 
 def save_tiny_pair(directory: str | Path, arch: str = "llama", dtype: torch.dtype | None = None) -> tuple[Path, Path]:
-    """Write the tiny `arch` target and draft (fixtures.tiny) and a tokenizer under `directory`.
+    """Write the tiny `arch` target and draft (specaudit.fixtures.tiny) and a tokenizer under `directory`.
 
     Returns (target_dir, draft_dir); the tokenizer is saved with the target, as a real
     checkpoint ships it. Loading them gives the same weights as `build_tiny(arch, role, dtype=dtype)`
@@ -253,7 +253,7 @@ def save_tiny_pair(directory: str | Path, arch: str = "llama", dtype: torch.dtyp
     """
     import torch
 
-    from fixtures.tiny import build_tiny
+    from specaudit.fixtures.tiny import build_tiny
 
     dtype = torch.float64 if dtype is None else dtype
     root = Path(directory)
@@ -316,7 +316,7 @@ def _classes() -> dict[str, type]:
     """`OnDevice` and `RealRun`, created once, on first use (they derive from torch and harness classes)."""
     import torch
 
-    from harness.runner import Run
+    from specaudit.runner import Run
 
     class OnDevice(torch.nn.Module):
         """The target as the checks call it: CPU-built inputs (oracle, reference K/V) moved to the
@@ -344,7 +344,7 @@ def _classes() -> dict[str, type]:
             use_cache: bool = True,
             **kwargs: Any,
         ) -> Any:
-            from harness.compat import cache_keyword
+            from specaudit.compat import cache_keyword
 
             dev = self.device
             moved = {
@@ -438,7 +438,7 @@ def real_case(
 ) -> Case:
     """A case on external models: `model` is "external:<name>" (never a built-in name), the
     draft "external", no acceptance schedule (the real draft decides)."""
-    from harness.case import Case
+    from specaudit.case import Case
 
     return Case(
         tuple(tuple(p) for p in prompts),
@@ -458,7 +458,7 @@ def oracle_for(
     target: torch.nn.Module, case: Case, memo: dict[tuple[int, ...], OracleResult] | None = None
 ) -> tuple[list[OracleResult], float]:
     """Batch-size-1 greedy results for the case's prompts (memoized per prompt) and the seconds spent."""
-    from reference.oracle import greedy_oracle
+    from specaudit.reference.oracle import greedy_oracle
 
     memo = {} if memo is None else memo
     device = model_device(target)
@@ -478,7 +478,7 @@ def oracle_for(
 
 
 def _call(decoder: Any, target: Any, draft: Any, case: Case, device: torch.device, timeout_s: float) -> list[list[int]]:
-    from harness.contract import call_decoder
+    from specaudit.contract import call_decoder
 
     input_ids, attention_mask = case.batch()  # [B, T] each
     return call_decoder(
@@ -502,7 +502,7 @@ def _timed_call(
     ContractError or None, seconds, the decoder)."""
     import torch
 
-    from harness.contract import ContractError, instantiate
+    from specaudit.contract import ContractError, instantiate
 
     device = model_device(target)
     decoder = instantiate(factory, decoder_spec)
@@ -535,8 +535,8 @@ def run_batch(
 ) -> RealRun:
     """One batch: optional un-instrumented timing run, then the instrumented run."""
 
-    from fixtures.transparent import RequestScript
-    from harness.instrument import instrument
+    from specaudit.fixtures.transparent import RequestScript
+    from specaudit.instrument import instrument
 
     judge = checks_target(target)
     if oracle is None:
@@ -594,7 +594,7 @@ def warm_up(
 ) -> None:
     """One short un-instrumented call, so one-time costs (kernel selection, allocator, lazy
     imports) do not land in the first batch's timing. Its output is not judged."""
-    from harness.case import Case
+    from specaudit.case import Case
 
     case = Case((prompt,), ((),), num_draft_tokens, 2, eos, pad, 0, "external:warm-up", "external", "float32")
     _timed_call(decoder_spec, factory, target, draft, case, timeout_s)  # a breach: the audited run reports it
@@ -626,8 +626,8 @@ def run_real(
     """
     import torch
 
-    from fixtures.pairs import DTYPES
-    from harness.contract import load_decoder
+    from specaudit.fixtures.pairs import DTYPES
+    from specaudit.contract import load_decoder
 
     if batch_size < 1:
         raise RealModelError("--batch-size must be at least 1")
@@ -681,17 +681,17 @@ def run_real(
 
 
 def diagnose_real(run: Run) -> Any:
-    """`harness.diagnosis.diagnose` for a run on external models: its batch-size-1 re-run of a
+    """`specaudit.diagnosis.diagnose` for a run on external models: its batch-size-1 re-run of a
     diverging row goes through `run.rerun` (the same decoder and models, every call checked),
     so an invariant hidden by I2 sampling in the batch still names the signature."""
-    from harness.diagnosis import diagnose
+    from specaudit.diagnosis import diagnose
 
     return diagnose(run)
 
 
 def audit_batch(run: RealRun) -> Any:
     """Check one batch: time I1 + I2 (the instrumentation's checks), then diagnose."""
-    from harness.checks import check_i1, check_i2
+    from specaudit.checks import check_i1, check_i2
 
     start = time.perf_counter()
     check_i1(run)
@@ -744,8 +744,8 @@ def measure_overhead(
     """
     import torch
 
-    from harness.checks import check_i1, check_i2
-    from harness.contract import instantiate, load_decoder
+    from specaudit.checks import check_i1, check_i2
+    from specaudit.contract import instantiate, load_decoder
 
     factory = load_decoder(decoder_spec)
     judge = checks_target(target)
@@ -863,7 +863,7 @@ def batch_line(run: RealRun, diagnosis: Any) -> str:
         f"overhead: recording {_pct(run.record_overhead)}, checks {_pct(run.check_overhead)}"
     )
     if not diagnosis.passed:
-        from harness.checks import render
+        from specaudit.checks import render
 
         line += f"\n    first violated check: {diagnosis.first_check}; "
         line += f"signature: {diagnosis.signature} ({diagnosis.reason})"
@@ -879,10 +879,10 @@ def write_reproducers(out: Path, run: RealRun, diagnosis: Any) -> tuple[list[str
     `specaudit audit --out`); returns (report lines, paths written)."""
     from dataclasses import asdict
 
-    from harness.diagnosis import diagnose
-    from harness.reproducer import write_reproducer
-    from harness.runner import run_case
-    from harness.transplant import transplant
+    from specaudit.diagnosis import diagnose
+    from specaudit.reproducer import write_reproducer
+    from specaudit.runner import run_case
+    from specaudit.transplant import transplant
 
     label = run.decoder.replace(":", "-")
     evidence = [asdict(v) for v in diagnosis.violations[:20]]
@@ -938,8 +938,8 @@ def batch_report(run: RealRun, diagnosis: Any, reproducers: list[str]) -> dict[s
 
 def run_real_audit(args: argparse.Namespace) -> int:
     """`specaudit audit --target ...`: exit 0 when every batch passes, 1 on a failure, 2 for bad input."""
-    from fixtures.pairs import DTYPES
-    from harness.contract import DecoderLoadError, load_decoder
+    from specaudit.fixtures.pairs import DTYPES
+    from specaudit.contract import DecoderLoadError, load_decoder
 
     problem = _validate(args)
     if problem:
@@ -1041,7 +1041,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m harness.realmodel --target ... --draft ... --prompts ...` (the same as `specaudit audit --target`)."""
+    """`python -m specaudit.realmodel --target ... --draft ... --prompts ...` (the same as `specaudit audit --target`)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

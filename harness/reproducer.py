@@ -8,8 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from harness.checks import Violation
-from harness.runner import Run
+from specaudit.checks import Violation
+from specaudit.runner import Run
 
 _last: dict[str, Any] = {}
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from fixtures.pairs import draft_model, target_model
-from fixtures.transparent import RequestScript
-from harness.case import Case
-from harness.contract import ContractError, call_decoder, instantiate, load_decoder
-from harness.instrument import Recording, instrument
-from reference.oracle import OracleResult, greedy_oracle, truncate
+from specaudit.fixtures.pairs import draft_model, target_model
+from specaudit.fixtures.transparent import RequestScript
+from specaudit.case import Case
+from specaudit.contract import ContractError, call_decoder, instantiate, load_decoder
+from specaudit.instrument import Recording, instrument
+from specaudit.reference.oracle import OracleResult, greedy_oracle, truncate
 
 
 @dataclass

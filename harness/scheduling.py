@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from fixtures.pairs import DTYPES, KV_TOLERANCE, is_exact
-from harness.case import Case
-from harness.checks import RowView, Violation, row_views
-from harness.instrument import CallRecord
-from harness.runner import Run
+from specaudit.fixtures.pairs import DTYPES, KV_TOLERANCE, is_exact
+from specaudit.case import Case
+from specaudit.checks import RowView, Violation, row_views
+from specaudit.instrument import CallRecord
+from specaudit.runner import Run
 
 
 def _calls_by_prompt(run: Run) -> dict[tuple[int, ...], list[tuple[int, bool]]]:

@@ -1,7 +1,7 @@
 """Search for a failing case: the engine behind `specaudit audit`, the gate and the kill table.
 
 Hypothesis generates cases until the first failure (its example count and time are
-recorded) and shrinks it within a budget; delta debugging (harness.ddmin) then takes the
+recorded) and shrinks it within a budget; delta debugging (specaudit.ddmin) then takes the
 shrunk case further, keeping its failure class. The result is what gets diagnosed.
 """
 
@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.case import Case
-from harness.diagnosis import all_violations
-from harness.runner import Run, run_case
+from specaudit.case import Case
+from specaudit.diagnosis import all_violations
+from specaudit.runner import Run, run_case
 
 
 @dataclass
@@ -57,8 +57,8 @@ def search(
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
 
-    from harness.contract import load_decoder
-    from harness.strategies import cases
+    from specaudit.contract import load_decoder
+    from specaudit.strategies import cases
 
     factory = factory or load_decoder(spec)
     result = SearchResult()
@@ -99,7 +99,7 @@ def search(
     except _Failed as failed:  # Hypothesis re-raises the minimal case's failure last
         result.minimal = failed.case
     if result.minimal is not None and minimize_budget > 0:
-        from harness.ddmin import minimize_case
+        from specaudit.ddmin import minimize_case
 
         result.minimal = minimize_case(spec, result.minimal, factory, budget=minimize_budget).case
     result.seconds = time.perf_counter() - start

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from hypothesis import assume, event
 from hypothesis import strategies as st
 
-from fixtures import VOCAB_SIZE
-from fixtures.pairs import check_model, is_exact
-from harness.case import Case
-from harness.runner import oracle_continuation
+from specaudit.fixtures import VOCAB_SIZE
+from specaudit.fixtures.pairs import check_model, is_exact
+from specaudit.case import Case
+from specaudit.runner import oracle_continuation
 
 SCHEDULES = ("all-accept", "all-reject", "ragged-per-row", "ragged-per-round")
 SCHEDULE_DRAWS = SCHEDULES + ("ragged-per-row", "ragged-per-round")  # ragged acceptance twice as often

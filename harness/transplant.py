@@ -22,7 +22,7 @@ entries: the bug under investigation), the round is read as [pending, drafts] st
 s = g instead, so the schedule follows what the decoder committed.
 
 and the transplanted pattern sets accept[n] = True for n in [d0 - L_r, d0 - L_r + a) and
-False elsewhere (`harness.strategies.pattern_from_rounds` builds the same shape from counts).
+False elsewhere (`specaudit.strategies.pattern_from_rounds` builds the same shape from counts).
 
 Prompts are mapped into the transparent vocabulary token by token (t mod V), then nudged
 until distinct prompts stay distinct and no prompt plus its continuation spells another
@@ -36,12 +36,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import count
 
-from fixtures import VOCAB_SIZE
-from fixtures.transparent import fit_mask
-from harness.case import Case
-from harness.checks import common_prefix, row_views
-from harness.runner import Run, oracle_continuation
-from reference.oracle import truncate
+from specaudit.fixtures import VOCAB_SIZE
+from specaudit.fixtures.transparent import fit_mask
+from specaudit.case import Case
+from specaudit.checks import common_prefix, row_views
+from specaudit.runner import Run, oracle_continuation
+from specaudit.reference.oracle import truncate
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.checks import (
+from specaudit.checks import (
     Violation,
     check_contract,
     check_equivalence,
@@ -16,15 +16,15 @@ from harness.checks import (
     check_token_preservation,
     explain,
 )
-from harness.reproducer import remember_failure
-from harness.runner import Run, cached_run
-from harness.strategies import cases
+from specaudit.reproducer import remember_failure
+from specaudit.runner import Run, cached_run
+from specaudit.strategies import cases
 
 pytestmark = pytest.mark.specaudit
 
 
-def run_drawn(decoder_spec: str, model: str, data: st.DataObject) -> Run:
-    return cached_run(decoder_spec, data.draw(cases(model), label="case"))
+def run_drawn(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> Run:
+    return cached_run(specaudit_decoder, data.draw(cases(specaudit_model), label="case"))
 
 
 def assert_holds(run: Run, violations: list[Violation]) -> None:
@@ -35,28 +35,28 @@ def assert_holds(run: Run, violations: list[Violation]) -> None:
 
 
 @given(data=st.data())
-def test_i1_rectangular_alignment(decoder_spec: str, model: str, data: st.DataObject) -> None:
+def test_i1_rectangular_alignment(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
     """Every target call sees one rectangular batch: mask [B, P + T], positions [B, T], no empty row."""
-    run = run_drawn(decoder_spec, model, data)
+    run = run_drawn(specaudit_decoder, specaudit_model, data)
     assert_holds(run, check_i1(run))
 
 
 @given(data=st.data())
-def test_i2_position_kv_correspondence(decoder_spec: str, model: str, data: st.DataObject) -> None:
+def test_i2_position_kv_correspondence(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
     """Every row of every target call attends exactly its own tokens, at positions 0, 1, 2, ..."""
-    run = run_drawn(decoder_spec, model, data)
+    run = run_drawn(specaudit_decoder, specaudit_model, data)
     assert_holds(run, check_i2(run))
 
 
 @given(data=st.data())
-def test_output_equivalence(decoder_spec: str, model: str, data: st.DataObject) -> None:
+def test_output_equivalence(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
     """Every row equals the batch-size-1 greedy oracle: same tokens, same length, same stop."""
-    run = run_drawn(decoder_spec, model, data)
+    run = run_drawn(specaudit_decoder, specaudit_model, data)
     assert_holds(run, check_equivalence(run))
 
 
 @given(data=st.data())
-def test_token_preservation(decoder_spec: str, model: str, data: st.DataObject) -> None:
+def test_token_preservation(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
     """Each round keeps exactly the drafts the schedule allows: none thrown away, none extra."""
-    run = run_drawn(decoder_spec, model, data)
+    run = run_drawn(specaudit_decoder, specaudit_model, data)
     assert_holds(run, check_token_preservation(run))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from harness.compat import call_model
-from reference.eqspec import EqSpec, left_pad_positions
+from specaudit.compat import call_model
+from specaudit.reference.eqspec import EqSpec, left_pad_positions
 
 
 class BatchedGreedy:

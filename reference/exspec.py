@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from harness.compat import cache_from_tensors, cache_layers
-from reference.eqspec import BatchState, EqSpec
+from specaudit.compat import cache_from_tensors, cache_layers
+from specaudit.reference.eqspec import BatchState, EqSpec
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 

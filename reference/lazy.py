@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.compat import select_rows
-from reference.eqspec import BatchState, EqSpec
+from specaudit.compat import select_rows
+from specaudit.reference.eqspec import BatchState, EqSpec
 
 
 class LazySpec(EqSpec):

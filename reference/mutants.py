@@ -1,7 +1,7 @@
 """Planted bugs: small named variations of EqSpec that the suite must catch.
 
 Each is a negative control for a check. `CATALOG` maps name to class, and every entry can be
-run with `--decoder reference.mutants:NAME`. Every class documents the bug class and where it
+run with `--decoder specaudit.reference.mutants:NAME`. Every class documents the bug class and where it
 was seen ("—": nowhere in particular), and carries a `bug: BugInfo` whose `first_check`,
 `output_equivalent` and `visible_at_batch_1` were measured with the harness on generated cases
 (tests/test_mutants.py keeps them honest).
@@ -23,15 +23,15 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.compat import cache_layers, select_rows, set_cache_layers
-from reference.eqspec import BatchState, EqSpec
+from specaudit.compat import cache_layers, select_rows, set_cache_layers
+from specaudit.reference.eqspec import BatchState, EqSpec
 
 
 @dataclass(frozen=True)
 class BugInfo:
     bug_class: str  # short description
     seen_in: str  # "DSD", "BSP", "HF defaults", "several" or "—"
-    signature: str  # one of SIGNATURES: what harness.diagnosis names it
+    signature: str  # one of SIGNATURES: what specaudit.diagnosis names it
     first_check: str  # first failing check in the order contract, I1, I2, equivalence, token-preservation
     output_equivalent: bool  # True if only an invariant or token preservation can catch it
     visible_at_batch_1: bool  # True if it fails even with a single row

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
-from harness.compat import cache_layers, call_model
+from specaudit.compat import cache_layers, call_model
 
 StopReason = Literal["eos", "length"]
 

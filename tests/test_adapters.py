@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from fixtures.tiny import build_tiny
-from harness.adapters import BlackBoxEngine, DecoderEngine, HFAssisted, audit_blackbox
-from harness.adapters.hf_assisted import cut
-from harness.case import Case
-from harness.diagnosis import all_violations, diagnose
-from harness.runner import oracle_continuation, run_case
-from harness.strategies import pattern_from_rounds
+from specaudit.fixtures.tiny import build_tiny
+from specaudit.adapters import BlackBoxEngine, DecoderEngine, HFAssisted, audit_blackbox
+from specaudit.adapters.hf_assisted import cut
+from specaudit.case import Case
+from specaudit.diagnosis import all_violations, diagnose
+from specaudit.runner import oracle_continuation, run_case
+from specaudit.strategies import pattern_from_rounds
 
-HF = "harness.adapters.hf_assisted:HFAssisted"
+HF = "specaudit.adapters.hf_assisted:HFAssisted"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -114,7 +114,7 @@ PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [1, 2, 3, 4, 5, 6, 7], [9, 10, 11]]
 def test_reference_engine_passes_black_box_audit(tiny_pair) -> None:
     """EQSPEC wrapped as an engine is equivalent to the oracle on every prompt."""
     target, draft = tiny_pair
-    engine = DecoderEngine("reference.eqspec:EqSpec", target, draft, num_draft_tokens=3)
+    engine = DecoderEngine("specaudit.reference.eqspec:EqSpec", target, draft, num_draft_tokens=3)
     assert isinstance(engine, BlackBoxEngine)
     result = audit_blackbox(engine, target, PROMPTS, max_new_tokens=10)
     assert result.passed and result.verdict == "exact", result.render()
@@ -125,7 +125,7 @@ def test_reference_engine_passes_black_box_audit(tiny_pair) -> None:
 def test_black_box_audit_catches_a_planted_bug(tiny_pair) -> None:
     """An engine running a planted bug fails on equivalence, with its evidence and a signature."""
     target, draft = tiny_pair
-    engine = DecoderEngine("reference.mutants:rejected_kv_attended", target, draft, num_draft_tokens=3)
+    engine = DecoderEngine("specaudit.reference.mutants:rejected_kv_attended", target, draft, num_draft_tokens=3)
     result = audit_blackbox(engine, target, PROMPTS, max_new_tokens=10)
     assert not result.passed and result.verdict == "diverged"
     assert {v.check for v in result.violations} == {"equivalence"}

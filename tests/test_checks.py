@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from fixtures import VOCAB_SIZE
-from fixtures.transparent import wrong_token
-from harness.case import Case
-from harness.checks import (
+from specaudit.fixtures import VOCAB_SIZE
+from specaudit.fixtures.transparent import wrong_token
+from specaudit.case import Case
+from specaudit.checks import (
     Violation,
     check_equivalence,
     check_i1,
@@ -22,12 +22,12 @@ from harness.checks import (
     equivalence,
     i1_call_violations,
 )
-from harness.compat import call_model
-from harness.instrument import CallRecord
-from harness.runner import Run, oracle_continuation, run_case
-from reference.eqspec import BatchState, EqSpec
+from specaudit.compat import call_model
+from specaudit.instrument import CallRecord
+from specaudit.runner import Run, oracle_continuation, run_case
+from specaudit.reference.eqspec import BatchState, EqSpec
 
-EQSPEC = "reference.eqspec:EqSpec"
+EQSPEC = "specaudit.reference.eqspec:EqSpec"
 CHECKS: dict[str, Callable[[Run], list[Violation]]] = {
     "I1": check_i1,
     "I2": check_i2,
@@ -244,7 +244,7 @@ def test_i2_rejected_kv_attended_single_row() -> None:
     """A kept rejected draft is named by I2: call, row, slot, the stale token at its position, the right token."""
     prompt = (0,)
     cont = continuation(prompt)
-    run = run_case("reference.mutants:rejected_kv_attended", Case((prompt,), (pattern("0"),), 1, 3, None, 0))
+    run = run_case("specaudit.reference.mutants:rejected_kv_attended", Case((prompt,), (pattern("0"),), 1, 3, None, 0))
     found = violations(run)
     first = found["I2"][0]
     # call 1 verifies [t0, d1] with d1 rejected; call 2 attends slot 2 = d1 where t1 belongs.
@@ -259,7 +259,7 @@ def test_i2_rejected_kv_attended_single_row() -> None:
 def test_i2_rejected_kv_attended_names_the_ragged_row() -> None:
     """With one row accepting everything and one rejecting, I2 blames the rejecting row at its stale slot."""
     prompts = ((5, 6, 7), (9,))
-    run = run_case("reference.mutants:rejected_kv_attended", Case(prompts, (pattern("1"), pattern("0")), 2, 6, None, 0))
+    run = run_case("specaudit.reference.mutants:rejected_kv_attended", Case(prompts, (pattern("1"), pattern("0")), 2, 6, None, 0))
     first = violations(run)["I2"][0]
     cont = continuation(prompts[1])
     # row 1 is [pad, pad, 9]; call 1 writes t0, d1, d2 at slots 3..5; slot 4 holds d1 at position 2
@@ -298,7 +298,7 @@ def test_equivalence_bonus_from_draft() -> None:
     """A bonus token taken from the draft diverges at batch size 1, placed at the round that decided it."""
     prompt = (3, 1, 4)
     cont = continuation(prompt)
-    run = run_case("reference.mutants:bonus_from_draft", Case((prompt,), (pattern("0"),), 2, 5, None, 0))
+    run = run_case("specaudit.reference.mutants:bonus_from_draft", Case((prompt,), (pattern("0"),), 2, 5, None, 0))
     found = violations(run)
     assert found["I1"] == found["I2"] == []
     assert len(found["equivalence"]) == 1
@@ -315,7 +315,7 @@ def test_equivalence_bonus_from_draft() -> None:
 def test_equivalence_names_the_diverging_request() -> None:
     """In a batch, only the request that diverged is reported, by its row of the case."""
     prompts = ((5, 6, 7), (9,))
-    run = run_case("reference.mutants:rejected_kv_attended", Case(prompts, (pattern("1"), pattern("0")), 2, 6, None, 0))
+    run = run_case("specaudit.reference.mutants:rejected_kv_attended", Case(prompts, (pattern("1"), pattern("0")), 2, 6, None, 0))
     found = violations(run)["equivalence"]
     assert [v.request for v in found] == [1]
     assert found[0].expected.startswith(f"token {continuation(prompts[1])[2]} at index 2")
@@ -323,7 +323,7 @@ def test_equivalence_names_the_diverging_request() -> None:
 
 def test_equivalence_never_blames_a_correct_round() -> None:
     """With a corrupted cache the origin of a wrong token is ambiguous: equivalence names no call, I2 names it."""
-    run = run_case("reference.mutants:rejected_kv_attended", Case(((0,),), (pattern("0"),), 1, 3, None, 0))
+    run = run_case("specaudit.reference.mutants:rejected_kv_attended", Case(((0,),), (pattern("0"),), 1, 3, None, 0))
     found = violations(run)
     (v,) = found["equivalence"]
     # call 1 verifies [t0, d1] and keeps t1 correctly; call 2 attends the stale d1 and computes the wrong t2
@@ -347,7 +347,7 @@ def test_equivalence_strict_prefix_fails() -> None:
 def test_token_preservation_draft_cache_not_rolled_back() -> None:
     """A draft cache that keeps rejected proposals is caught by token preservation only, at the next round."""
     run = run_case(
-        "reference.mutants:draft_cache_not_rolled_back", Case(((3, 1, 4),), (pattern("1101111111"),), 2, 6, None, 0)
+        "specaudit.reference.mutants:draft_cache_not_rolled_back", Case(((3, 1, 4),), (pattern("1101111111"),), 2, 6, None, 0)
     )
     found = violations(run)
     assert found["I1"] == found["I2"] == found["equivalence"] == []
@@ -470,7 +470,7 @@ def test_i2_catches_rejected_kv_on_tiny_llama() -> None:
     """On the real Llama, I2 compares K/V with a batch-size-1 run and still catches a kept rejected draft."""
     prompts = ((3, 1, 4, 1, 5), (9, 2))
     case = Case(prompts, (pattern("1"),) * 2, 3, 8, None, 0, model="llama", draft="tiny")
-    run = run_case("reference.mutants:rejected_kv_attended", case)
+    run = run_case("specaudit.reference.mutants:rejected_kv_attended", case)
     first = violations(run)["I2"][0]
     assert first.rule == "attends-wrong-slot" and "differ from the batch-size-1 run" in first.found
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from harness.case import Case
-from harness.checks import check_equivalence, check_i2, check_token_preservation
-from harness.contract import ContractError, DecoderLoadError, call_decoder, instantiate, load_decoder, validate_output
-from harness.runner import run_case
-from reference.eqspec import EqSpec
+from specaudit.case import Case
+from specaudit.checks import check_equivalence, check_i2, check_token_preservation
+from specaudit.contract import ContractError, DecoderLoadError, call_decoder, instantiate, load_decoder, validate_output
+from specaudit.runner import run_case
+from specaudit.reference.eqspec import EqSpec
 
 IDS = torch.tensor([[0, 3, 1, 4], [9, 2, 6, 5]])  # [2, 4]
 MASK = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
@@ -181,9 +181,9 @@ def load_error(spec: str) -> str:
 
 def test_load_reference_decoders() -> None:
     """The shipped specs load to factories whose instances have generate()."""
-    assert load_decoder("reference.eqspec:EqSpec") is EqSpec
-    mutant = load_decoder("reference.mutants:rejected_kv_attended")
-    assert callable(instantiate(mutant, "reference.mutants:rejected_kv_attended").generate)
+    assert load_decoder("specaudit.reference.eqspec:EqSpec") is EqSpec
+    mutant = load_decoder("specaudit.reference.mutants:rejected_kv_attended")
+    assert callable(instantiate(mutant, "specaudit.reference.mutants:rejected_kv_attended").generate)
 
 
 def test_load_zero_argument_factory(make_module: Callable[[str], str]) -> None:
@@ -202,7 +202,7 @@ def test_load_zero_argument_factory(make_module: Callable[[str], str]) -> None:
     assert load_decoder(f"{name}:Ns.Dec").__name__ == "Dec"
 
 
-@pytest.mark.parametrize("spec", ["reference.eqspec", "reference.eqspec:", ":EqSpec", "", ":"])
+@pytest.mark.parametrize("spec", ["specaudit.reference.eqspec", "specaudit.reference.eqspec:", ":EqSpec", "", ":"])
 def test_load_malformed_spec(spec: str) -> None:
     """A spec not of the form module:attr is rejected with the expected form in the message."""
     assert "module:attr" in load_error(spec)
@@ -216,8 +216,8 @@ def test_load_missing_module() -> None:
 
 def test_load_missing_submodule() -> None:
     """A missing submodule of an existing package is named as not found."""
-    message = load_error("reference.no_such_submodule:Dec")
-    assert "'reference.no_such_submodule'" in message and "not found" in message
+    message = load_error("specaudit.reference.no_such_submodule:Dec")
+    assert "'specaudit.reference.no_such_submodule'" in message and "not found" in message
 
 
 def test_load_missing_attribute(make_module: Callable[[str], str]) -> None:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.case import Case
-from harness.ddmin import ddmin, minimize_case
-from harness.diagnosis import all_violations, diagnose
-from harness.minimize import add_command
-from harness.runner import run_case
+from specaudit.case import Case
+from specaudit.ddmin import ddmin, minimize_case
+from specaudit.diagnosis import all_violations, diagnose
+from specaudit.minimize import add_command
+from specaudit.runner import run_case
 
-EQSPEC = "reference.eqspec:EqSpec"
-REJECTED_KV = "reference.mutants:rejected_kv_attended"
-BONUS = "reference.mutants:bonus_from_draft"
+EQSPEC = "specaudit.reference.eqspec:EqSpec"
+REJECTED_KV = "specaudit.reference.mutants:rejected_kv_attended"
+BONUS = "specaudit.reference.mutants:bonus_from_draft"
 
 
 # ---------------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ class Chameleon:
     name = "chameleon"
 
     def generate(self, target, draft, input_ids, attention_mask, **kwargs):  # type: ignore[no-untyped-def]
-        from reference.mutants import BonusFromDraft, RejectedKvAttended
+        from specaudit.reference.mutants import BonusFromDraft, RejectedKvAttended
 
         decoder = RejectedKvAttended() if input_ids.shape[0] >= 3 else BonusFromDraft()
         return decoder.generate(target, draft, input_ids, attention_mask, **kwargs)
@@ -176,7 +176,7 @@ def test_minimize_command_writes_reproducer_and_regression_test(
     assert Case.from_json(document).batch_size == 1
 
     result = pytester.runpytest_subprocess(
-        str(test), "--decoder", REJECTED_KV, "--decoder", EQSPEC, "-p", "no:cacheprovider", "-v"
+        str(test), "--specaudit-decoder", REJECTED_KV, "--specaudit-decoder", EQSPEC, "-p", "no:cacheprovider", "-v"
     )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
@@ -202,8 +202,8 @@ def test_minimize_of_a_passing_case_exits_0(tmp_path: Path, capsys: pytest.Captu
         (None, EQSPEC, "cannot read case file"),
         ("{not json", EQSPEC, "is not JSON"),
         ('{"format": "other"}', EQSPEC, "not a specaudit case"),
-        ("CASE", "reference.nosuchmodule:X", "not found"),
-        ("CASE", "reference.eqspec", "not of the form module:attr"),
+        ("CASE", "specaudit.reference.nosuchmodule:X", "not found"),
+        ("CASE", "specaudit.reference.eqspec", "not of the form module:attr"),
         ("UNKNOWN_MODEL", EQSPEC, "unknown model"),
     ],
 )

@@ -7,15 +7,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.case import Case
-from harness.checks import check_equivalence, check_i1, check_i2, check_token_preservation, explain
-from harness.compat import call_model
-from harness.runner import Run, run_case
-from harness.scheduling import check_liveness, check_order_independence, permuted
-from harness.strategies import cases
-from reference.eqspec import BatchState, EqSpec
-from reference.exspec import ExSpec, Sequence
-from reference.lazy import LazySpec
+from specaudit.case import Case
+from specaudit.checks import check_equivalence, check_i1, check_i2, check_token_preservation, explain
+from specaudit.compat import call_model
+from specaudit.runner import Run, run_case
+from specaudit.scheduling import check_liveness, check_order_independence, permuted
+from specaudit.strategies import cases
+from specaudit.reference.eqspec import BatchState, EqSpec
+from specaudit.reference.exspec import ExSpec, Sequence
+from specaudit.reference.lazy import LazySpec
 
 ALL_ACCEPT = tuple([True] * 40)
 ALL_REJECT = tuple([False] * 40)
@@ -52,7 +52,7 @@ def test_identical_lengths_are_always_grouped() -> None:
     """On an identical-length pool with uniform acceptance every EXSPEC target call is pad-free."""
     prompts = tuple(tuple(range(i, i + 6)) for i in range(8))
     case = Case(prompts, (ALL_REJECT,) * 8, 3, 6, None, 0)
-    run = run_case("reference.exspec:ExSpec", case)
+    run = run_case("specaudit.reference.exspec:ExSpec", case)
     all_checks(run)
     assert all(grouped_calls(run)), grouped_calls(run)
     assert run.instance.fallback_rounds == 0 and run.instance.grouped_rounds > 0
@@ -108,8 +108,8 @@ def test_order_independence_catches_a_row_order_bug() -> None:
     run = run_case("rev", case, factory=ReversedRows)
     other = run_case("rev", permuted(case, order), factory=ReversedRows)
     assert check_order_independence(run, other, order)
-    good = run_case("reference.eqspec:EqSpec", case)
-    good_other = run_case("reference.eqspec:EqSpec", permuted(case, order))
+    good = run_case("specaudit.reference.eqspec:EqSpec", case)
+    good_other = run_case("specaudit.reference.eqspec:EqSpec", permuted(case, order))
     assert check_order_independence(good, good_other, order) == []
 
 

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-import harness.cli
-from harness.case import Case
-from harness.cli import Verdict
-from harness.diagnosis import diagnose
-from harness.gate import add_command
-from harness.runner import run_case
+import specaudit.cli
+from specaudit.case import Case
+from specaudit.cli import Verdict
+from specaudit.diagnosis import diagnose
+from specaudit.gate import add_command
+from specaudit.runner import run_case
 
-EQSPEC = "reference.eqspec:EqSpec"
-MUTANT = "reference.mutants:rejected_kv_attended"
+EQSPEC = "specaudit.reference.eqspec:EqSpec"
+MUTANT = "specaudit.reference.mutants:rejected_kv_attended"
 
 
 def gate(tmp_path: Path, *argv: str) -> int:
@@ -59,8 +59,8 @@ def test_planted_bug_fails_the_gate(tmp_path: Path) -> None:
     assert (p["first_check"], p["signature"]) == ("I2", "kv-drift")
     written = sorted(path.name for path in (tmp_path / "repro").iterdir())
     assert written == [
-        "reference_mutants_rejected_kv_attended_transparent.json",
-        "test_regression_reference_mutants_rejected_kv_attended_transparent.py",
+        "specaudit_reference_mutants_rejected_kv_attended_transparent.json",
+        "test_regression_specaudit_reference_mutants_rejected_kv_attended_transparent.py",
     ]
     assert "reproducer written to" in (case.findtext("system-out") or "")
     assert Case.load(tmp_path / "repro" / written[0]).batch_size <= 2
@@ -82,7 +82,7 @@ def failing_diagnosis():  # type: ignore[no-untyped-def]
 def test_min_exact_match_threshold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--min-exact-match fails a passing decoder x model whose exact-row rate is below it."""
     verdict = Verdict(EQSPEC, "transparent", examples=5, exact_rows=8, rows=10)
-    monkeypatch.setattr(harness.cli, "audit_model", fake_audit({EQSPEC: verdict}))
+    monkeypatch.setattr(specaudit.cli, "audit_model", fake_audit({EQSPEC: verdict}))
     assert gate(tmp_path, "--models", "transparent", "--decoder", EQSPEC, "--min-exact-match", "0.8") == 0
     assert gate(tmp_path, "--models", "transparent", "--decoder", EQSPEC, "--min-exact-match", "0.9") == 1
     (case,) = junit_cases(tmp_path)
@@ -97,7 +97,7 @@ def test_max_failures_threshold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         EQSPEC: Verdict(EQSPEC, "transparent", examples=3, exact_rows=6, rows=6),
         MUTANT: Verdict(MUTANT, "transparent", examples=1, rows=1, diagnosis=failing_diagnosis),
     }
-    monkeypatch.setattr(harness.cli, "audit_model", fake_audit(verdicts))
+    monkeypatch.setattr(specaudit.cli, "audit_model", fake_audit(verdicts))
     both = ("--models", "transparent", "--decoder", EQSPEC, "--decoder", MUTANT)
     assert gate(tmp_path, *both) == 1
     assert gate(tmp_path, *both, "--max-failures", "1") == 0
@@ -114,7 +114,7 @@ def test_max_failures_threshold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         (("--examples", "0"), "--examples must be at least 1"),
         (("--min-exact-match", "1.5"), "--min-exact-match must be between 0 and 1"),
         (("--max-failures", "-1"), "--max-failures must be at least 0"),
-        (("--decoder", "reference.nosuchmodule:X"), "not found"),
+        (("--decoder", "specaudit.reference.nosuchmodule:X"), "not found"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(

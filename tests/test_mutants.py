@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from harness.diagnosis import diagnose
-from harness.runner import run_case
-from harness.search import search
-from reference.mutants import CATALOG, CHECK_ORDER, SIGNATURES, BugInfo
+from specaudit.diagnosis import diagnose
+from specaudit.runner import run_case
+from specaudit.search import search
+from specaudit.reference.mutants import CATALOG, CHECK_ORDER, SIGNATURES, BugInfo
 
 MAX_EXAMPLES = 200
 
@@ -52,7 +52,7 @@ def test_mutant_is_caught_with_a_small_case(name: str) -> None:
     """The search finds a failing case, its first failing check is the one the catalog names,
     and it shrinks to one row (bugs visible at batch size 1) or two (bugs that need a batch)."""
     bug: BugInfo = CATALOG[name].bug
-    spec = f"reference.mutants:{name}"
+    spec = f"specaudit.reference.mutants:{name}"
     result = search(spec, "transparent", max_examples=MAX_EXAMPLES, seed=0)
     if result.minimal is None:
         raise NotCaught(f"{name} ({bug.bug_class}): no check failed in {result.examples} examples")
@@ -75,15 +75,15 @@ def test_mutant_is_caught_with_a_small_case(name: str) -> None:
 
 def test_catalog_is_complete_and_documented() -> None:
     """At least 20 uniquely named mutants, each a documented EqSpec variation with its BugInfo."""
-    import reference.mutants as mutants
-    from reference.eqspec import EqSpec
+    import specaudit.reference.mutants as mutants
+    from specaudit.reference.eqspec import EqSpec
 
     assert len(CATALOG) >= 20, f"got {len(CATALOG)} mutants, but should be at least 20"
     classes = list(CATALOG.values())
     assert len(set(classes)) == len(classes), "a class is listed under two names"
     for name, cls in CATALOG.items():
         assert cls.name == name and getattr(mutants, name) is cls, (
-            f"{name} is not reachable as reference.mutants:{name}"
+            f"{name} is not reachable as specaudit.reference.mutants:{name}"
         )
         assert issubclass(cls, EqSpec) and cls is not EqSpec
         assert cls.__doc__ and cls.__doc__.strip(), f"{name} has no docstring"
@@ -95,7 +95,7 @@ def test_catalog_is_complete_and_documented() -> None:
         assert bug.output_equivalent == (bug.signature == "output-equivalent")
 
 
-@pytest.mark.parametrize("spec", ["reference.eqspec:EqSpec"])
+@pytest.mark.parametrize("spec", ["specaudit.reference.eqspec:EqSpec"])
 def test_reference_passes_the_same_search(spec: str) -> None:
     """EQSPEC fails no check in 50 examples of the search that catches every planted bug."""
     result = search(spec, "transparent", max_examples=50, seed=0)

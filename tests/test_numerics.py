@@ -9,15 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fixtures.pairs import target_model
-from harness.case import Case
-from harness.checks import check_equivalence, equivalence
-from harness.compat import call_model
-from harness.diagnosis import all_violations, diagnose
-from harness.runner import Run, run_case
-from harness.strategies import cases
-from reference.eqspec import BatchState, EqSpec
-from reference.oracle import OracleResult, greedy_oracle
+from specaudit.fixtures.pairs import target_model
+from specaudit.case import Case
+from specaudit.checks import check_equivalence, equivalence
+from specaudit.compat import call_model
+from specaudit.diagnosis import all_violations, diagnose
+from specaudit.runner import Run, run_case
+from specaudit.strategies import cases
+from specaudit.reference.eqspec import BatchState, EqSpec
+from specaudit.reference.oracle import OracleResult, greedy_oracle
 
 PATTERN = tuple([True, False] * 20)
 
@@ -27,7 +27,7 @@ def run_with_forced_tie(flip_at: int, margin: float) -> Run:
     continuation of its own prefix; the oracle's margin there is set to `margin`."""
     prompt = (5, 9, 2)
     case = Case((prompt,), (PATTERN,), 2, 6, None, 0, dtype="float32")
-    run = run_case("reference.eqspec:EqSpec", case)
+    run = run_case("specaudit.reference.eqspec:EqSpec", case)
     oracle = run.oracle[0]
     flipped = oracle.tokens[:flip_at] + ((oracle.tokens[flip_at] + 1) % 128,)
     rest = greedy_oracle(run.target, prompt + flipped, max_new_tokens=6 - flip_at - 1, eos_token_id=None)
@@ -68,7 +68,7 @@ def test_tie_then_real_divergence_is_reported_against_the_resynced_oracle() -> N
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("decoder", ["reference.eqspec:EqSpec", "reference.exspec:ExSpec", "reference.lazy:LazySpec"])
+@pytest.mark.parametrize("decoder", ["specaudit.reference.eqspec:EqSpec", "specaudit.reference.exspec:ExSpec", "specaudit.reference.lazy:LazySpec"])
 def test_correct_decoders_have_no_failures_in_low_precision(decoder: str, dtype: str) -> None:
     """Correct decoders pass every check on the tiny architectures in float32 and bfloat16, ties allowed."""
 
@@ -98,9 +98,9 @@ class OffByOnePositions(EqSpec):
 @pytest.mark.parametrize(
     ("decoder", "signature", "first_check"),
     [
-        ("reference.mutants:bonus_from_draft", "bonus", "equivalence"),
-        ("reference.mutants:rejected_kv_attended", "kv-drift", "I2"),
-        ("reference.mutants:draft_cache_not_rolled_back", "output-equivalent", "token-preservation"),
+        ("specaudit.reference.mutants:bonus_from_draft", "bonus", "equivalence"),
+        ("specaudit.reference.mutants:rejected_kv_attended", "kv-drift", "I2"),
+        ("specaudit.reference.mutants:draft_cache_not_rolled_back", "output-equivalent", "token-preservation"),
         ("tests.test_numerics:OffByOnePositions", "position-id", "I2"),
     ],
 )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures.tiny import build_tiny
-from fixtures.transparent import TOP1_GAP, TransparentLM, transparent_target
-from reference.oracle import greedy_oracle, top_margin, truncate
+from specaudit.fixtures.tiny import build_tiny
+from specaudit.fixtures.transparent import TOP1_GAP, TransparentLM, transparent_target
+from specaudit.reference.oracle import greedy_oracle, top_margin, truncate
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((3, 1, 4), (0,), (127, 127, 5, 9, 2, 6, 5))
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.pytest_plugin import DEFAULT_DECODERS, DEFAULT_MODELS
+from specaudit.models import DEFAULT_DECODERS, MODELS as DEFAULT_MODELS
 
 CONFORMANCE = Path(__file__).resolve().parents[1] / "properties" / "test_conformance.py"
-EQSPEC = "reference.eqspec:EqSpec"
-MUTANT = "reference.mutants:rejected_kv_attended"
+EQSPEC = "specaudit.reference.eqspec:EqSpec"
+MUTANT = "specaudit.reference.mutants:rejected_kv_attended"
 
 SMALL = """
 import pytest
@@ -24,13 +24,13 @@ pytestmark = pytest.mark.specaudit
 
 
 def test_decoder(decoder_spec: str) -> None:
-    from harness.contract import instantiate, load_decoder
+    from specaudit.contract import instantiate, load_decoder
 
     assert callable(instantiate(load_decoder(decoder_spec), decoder_spec).generate)
 
 
 def test_model(decoder_spec: str, model: str) -> None:
-    from harness.pytest_plugin import DEFAULT_MODELS
+    from specaudit.models import MODELS as DEFAULT_MODELS
 
     assert model in DEFAULT_MODELS
 """
@@ -89,7 +89,7 @@ def test_default_decoders_are_the_references(small: pytest.Pytester) -> None:
 
 def test_repeated_decoder_parametrizes_each(small: pytest.Pytester) -> None:
     """`--decoder` given twice replaces the default and parametrizes every test with both, in order."""
-    mutant = "reference.mutants:bonus_from_draft"
+    mutant = "specaudit.reference.mutants:bonus_from_draft"
     result = small.runpytest_subprocess(
         "-v", "-p", "no:cacheprovider", "--decoder", EQSPEC, "--decoder", mutant, "--models", "transparent"
     )

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fixtures.tiny import build_tiny
-from harness.compat import call_model
-from harness.diagnosis import diagnose
-from harness.realmodel import (
+from specaudit.fixtures.tiny import build_tiny
+from specaudit.compat import call_model
+from specaudit.diagnosis import diagnose
+from specaudit.realmodel import (
     RealModelError,
     audit_batch,
     load_pair,
@@ -29,11 +29,11 @@ from harness.realmodel import (
     special_ids,
     tokenize,
 )
-from harness.runner import run_case
-from harness.transplant import map_prompts, observed_rounds, round_shape, transplant
+from specaudit.runner import run_case
+from specaudit.transplant import map_prompts, observed_rounds, round_shape, transplant
 
-EQSPEC = "reference.eqspec:EqSpec"
-PLANTED = "reference.mutants:rejected_kv_attended"
+EQSPEC = "specaudit.reference.eqspec:EqSpec"
+PLANTED = "specaudit.reference.mutants:rejected_kv_attended"
 PROMPTS = ["Hello world", "The quick brown fox", "abc", "Hello world", "zz top x"]
 
 
@@ -144,7 +144,7 @@ def test_audit_fails_planted_bug_and_writes_reproducers(pair_dirs, prompts_file,
     assert any(n.startswith("real-") for n in names) and any(n.startswith("transplant-") for n in names)
     report = json.loads((tmp_path / "report.json").read_text())
     assert len(report) == 2 and not report[0]["diagnosis"]["passed"] and report[0]["reproducers"]
-    from harness.case import Case
+    from specaudit.case import Case
 
     moved = Case.load(next((tmp_path / "repro").glob("transplant-*batch0.json")))
     assert moved.model == "transparent" and not diagnose(run_case(PLANTED, moved)).passed
@@ -267,8 +267,8 @@ def test_prompt_mapping_keeps_prompts_apart() -> None:
 
 def test_checks_target_wrapper_computes_the_same(pair) -> None:
     """The device wrapper the checks use off the CPU gives the oracle and reference K/V unchanged."""
-    from harness.realmodel import OnDevice
-    from reference.oracle import greedy_oracle, reference_kv
+    from specaudit.realmodel import OnDevice
+    from specaudit.reference.oracle import greedy_oracle, reference_kv
 
     target = pair[0]
     wrapped = OnDevice(target)

@@ -11,9 +11,9 @@ import pytest
 import torch
 import transformers
 
-from fixtures import VOCAB_SIZE, tiny
-from fixtures.tiny import ARCHS, build_tiny
-from harness.compat import cache_length, call_model
+from specaudit.fixtures import VOCAB_SIZE, tiny
+from specaudit.fixtures.tiny import ARCHS, build_tiny
+from specaudit.compat import cache_length, call_model
 
 ATOL = 1e-9
 PROMPT_LENGTHS = (5, 2, 7)  # left padding: rows 0 and 1 are padded, row 2 is not
@@ -95,7 +95,7 @@ def test_weights_do_not_depend_on_hash_seed() -> None:
     """The seed derivation is stable across processes (it must not use the salted builtin hash())."""
     code = (
         "import torch\n"
-        "from fixtures.tiny import build_tiny\n"
+        "from specaudit.fixtures.tiny import build_tiny\n"
         "print(repr(sum(p.sum().item() for p in build_tiny('llama', seed=5).parameters())))\n"
     )
     hash_seed = "54321" if os.environ.get("PYTHONHASHSEED") == "12345" else "12345"

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from fixtures import VOCAB_SIZE
-from fixtures.transparent import (
+from specaudit.fixtures import VOCAB_SIZE
+from specaudit.fixtures.transparent import (
     RequestScript,
     Script,
     ScriptedDraft,
@@ -18,8 +18,8 @@ from fixtures.transparent import (
     scripted_draft,
     transparent_target,
 )
-from harness.compat import cache_layers, call_model
-from reference.oracle import greedy_oracle
+from specaudit.compat import cache_layers, call_model
+from specaudit.reference.oracle import greedy_oracle
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((3, 1, 4, 1, 5), (9, 2), (7,), (100, 101, 102))
 PAD = 1  # also a real token of PROMPTS[0]: the mask, not the id, says what a pad is

@@ -6,7 +6,7 @@
   `LLM`; only equivalence with the batch-size-1 oracle can be checked (docs/vllm_example.md).
 """
 
-from harness.adapters.blackbox import BlackBoxEngine, BlackBoxResult, DecoderEngine, audit_blackbox
-from harness.adapters.hf_assisted import HFAssisted, UnsupportedModelError
+from specaudit.adapters.blackbox import BlackBoxEngine, BlackBoxResult, DecoderEngine, audit_blackbox
+from specaudit.adapters.hf_assisted import HFAssisted, UnsupportedModelError
 
 __all__ = ["BlackBoxEngine", "BlackBoxResult", "DecoderEngine", "HFAssisted", "UnsupportedModelError", "audit_blackbox"]

@@ -3,7 +3,7 @@
 The harness cannot hook an engine's models, so I1, I2 and token preservation are out of
 reach; what is left is the end-to-end property, *equivalence with the batch-size-1 greedy
 oracle*, computed on a target the caller holds in process (the same weights the engine
-serves). Verdicts are tie-aware as everywhere else (`harness.checks.compare_row`): a
+serves). Verdicts are tie-aware as everywhere else (`specaudit.checks.compare_row`): a
 divergence at a step whose oracle top-1/top-2 margin is within the dtype's tolerance is a
 numerical tie, the comparison re-syncs onto the engine's token and goes on.
 
@@ -24,9 +24,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from fixtures.pairs import DTYPES
-from harness.case import Case
-from harness.checks import (
+from specaudit.fixtures.pairs import DTYPES
+from specaudit.case import Case
+from specaudit.checks import (
     Equivalence,
     RowEquivalence,
     Violation,
@@ -35,10 +35,10 @@ from harness.checks import (
     equivalence,
     render,
 )
-from harness.contract import ContractError, instantiate, load_decoder, validate_output
-from harness.instrument import Recording
-from harness.runner import Run
-from reference.oracle import OracleResult, greedy_oracle
+from specaudit.contract import ContractError, instantiate, load_decoder, validate_output
+from specaudit.instrument import Recording
+from specaudit.runner import Run
+from specaudit.reference.oracle import OracleResult, greedy_oracle
 
 
 @runtime_checkable

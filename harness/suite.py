@@ -1,0 +1,36 @@
+"""`specaudit suite [pytest arguments]`: the installed conformance suite, from any directory.
+
+The same run as `pytest properties/ ...` in a checkout: the arguments go to pytest unchanged
+(`--decoder`, `--models`, `-n`, `-x`, `--hypothesis-profile` ...). The current directory is
+put on the import path, in this process and in xdist workers, so `--decoder mymod:MyDecoder`
+finds a module that sits beside the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+USAGE = "usage: specaudit suite --decoder MODULE:ATTR [--models NAMES] [pytest arguments]"
+
+
+def suite_dir() -> Path:
+    import specaudit.properties
+
+    return Path(specaudit.properties.__file__).resolve().parent
+
+
+def run_suite(args: list[str]) -> int:
+    """pytest's exit status, with its usage error (4) mapped to specaudit's (2)."""
+    if args[:1] in (["-h"], ["--help"]):
+        print(USAGE + "\n\nRuns the conformance suite shipped with specaudit; see `pytest --help` for the rest.")
+        return 0
+    import pytest
+
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
+    code = int(pytest.main([str(suite_dir()), "-p", "no:cacheprovider", *args]))
+    return 2 if code == int(pytest.ExitCode.USAGE_ERROR) else code

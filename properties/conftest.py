@@ -1,0 +1,44 @@
+"""The conformance suite's configuration: it applies only where the suite runs.
+
+Adds the short `--decoder`/`--models` spellings of the plugin's `--specaudit-*` options,
+registers and loads specaudit's Hypothesis profiles (`specaudit-ci` when `CI` is set,
+`specaudit-dev` otherwise, unless `--hypothesis-profile` says), and keeps each xdist worker on
+one torch thread.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from specaudit.profiles import default_profile, register_profiles
+
+# At import: the suite's conftest loads before Hypothesis's plugin reads --hypothesis-profile.
+register_profiles()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("specaudit")
+    group.addoption("--decoder", dest="specaudit_decoder", action="append", default=[], metavar="MODULE:ATTR",
+                    help="decoder under test (repeatable), as --specaudit-decoder")
+    group.addoption("--models", dest="specaudit_models", default=None, metavar="NAMES",
+                    help="comma-separated built-in models, as --specaudit-models")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from hypothesis import settings
+
+    for warning in ("ignore:.*past_key_values.*:FutureWarning", "ignore:.*past_key_values.*:DeprecationWarning"):
+        config.addinivalue_line("filterwarnings", warning)
+    if not config.getoption("hypothesis_profile", default=None):
+        settings.load_profile(default_profile())
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Tiny models gain nothing from intra-op threads; N workers x N threads thrash the cores.
+        import torch
+
+        torch.set_num_threads(1)
+    from specaudit.pytest_plugin import decoder_specs, model_names
+
+    decoder_specs(config)  # a bad --decoder or --models is a usage error before collection
+    model_names(config)
