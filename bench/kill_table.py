@@ -17,9 +17,9 @@ import statistics
 from pathlib import Path
 
 from specaudit.diagnosis import diagnose
+from specaudit.reference.mutants import CATALOG
 from specaudit.runner import run_case
 from specaudit.search import search
-from specaudit.reference.mutants import CATALOG
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specaudit.models import DEFAULT_DECODERS, MODELS as DEFAULT_MODELS
+from specaudit.models import DEFAULT_DECODERS
+from specaudit.models import MODELS as DEFAULT_MODELS
 
 PLANTED_BUG_EXAMPLES = 300
 """Search budget for a planted bug: the search stops at its first failure, so this is a bound."""

@@ -19,16 +19,15 @@ from typing import Any
 
 from specaudit.case import Case
 from specaudit.checks import (
-    Violation,
     check_contract,
     check_equivalence,
     check_i1,
     check_i2,
     check_token_preservation,
     equivalence,
-    render,
 )
 from specaudit.runner import Run, run_case
+from specaudit.violation import Violation, render
 
 CHECK_ORDER = ("contract", "I1", "I2", "equivalence", "token-preservation")
 SIGNATURES = ("position-id", "kv-drift", "bonus", "numerical-tie", "output-equivalent", "bookkeeping", "contract")

@@ -153,7 +153,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     # Imported here, not at module top: specaudit.cli imports this module to add the command.
     from specaudit.cli import Progress, audit_model, format_table, usage_error
     from specaudit.contract import DecoderLoadError, load_decoder
-    from specaudit.models import DEFAULT_DECODERS, MODELS as DEFAULT_MODELS
+    from specaudit.models import DEFAULT_DECODERS
+    from specaudit.models import MODELS as DEFAULT_MODELS
 
     specs = args.decoder or list(DEFAULT_DECODERS)
     models = [m.strip() for m in args.models.split(",") if m.strip()]

@@ -48,7 +48,7 @@ from __future__ import annotations
 import pytest
 
 from specaudit.case import Case
-from specaudit.checks import explain
+from specaudit.violation import explain
 from specaudit.diagnosis import all_violations
 from specaudit.reproducer import remember_failure
 from specaudit.runner import run_case
@@ -82,7 +82,7 @@ def _comment(text: str) -> str:
 def regression_test_source(case: Case, diagnosis: Diagnosis, name: str, summary: str = "") -> str:
     """A ready pytest file: `CASE` holds the case's JSON form as a Python literal; every
     free-text part (decoder, evidence) sits in comments, so any text is safe to embed."""
-    from specaudit.checks import render
+    from specaudit.violation import render
 
     return _TEMPLATE.format(
         decoder=diagnosis.decoder.replace("\n", " "),
@@ -123,11 +123,11 @@ def output_name(case_file: Path, out: Path) -> str:
 
 
 def cmd_minimize(args: argparse.Namespace) -> int:
-    from specaudit.fixtures.pairs import check_model
     from specaudit.case import Case, CaseFormatError
     from specaudit.cli import usage_error
     from specaudit.contract import DecoderLoadError, load_decoder
     from specaudit.ddmin import CasePasses, minimize_case
+    from specaudit.fixtures.pairs import check_model
 
     if args.budget < 1:
         return usage_error("--budget must be at least 1")

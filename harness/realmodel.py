@@ -52,11 +52,10 @@ from typing import TYPE_CHECKING, Any
 # `OnDevice` (a `torch.nn.Module`), are created on first access (`__getattr__` below).
 if TYPE_CHECKING:
     import torch
-
     from specaudit.case import Case
     from specaudit.realmodel import RealRun  # created lazily, see `_classes`
-    from specaudit.runner import Run
     from specaudit.reference.oracle import OracleResult
+    from specaudit.runner import Run
 
 DTYPE_CHOICES = ("auto", "float64", "float32", "float16", "bfloat16")
 DEFAULT_DECODER = "specaudit.reference.eqspec:EqSpec"
@@ -125,9 +124,8 @@ def _check_model_dir(role: str, path: str | Path) -> Path:
 
 
 def load_model(role: str, path: str | Path, device: torch.device, dtype: str = "auto") -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
     from specaudit.fixtures.pairs import DTYPES
+    from transformers import AutoModelForCausalLM
 
     p = _check_model_dir(role, path)
     if dtype not in DTYPE_CHOICES:
@@ -232,10 +230,9 @@ def tokenize(tokenizer: Any, prompts: Sequence[str]) -> list[tuple[int, ...]]:
 
 def tiny_tokenizer() -> Any:
     """A 128-token character tokenizer (0 <pad>, 1 <eos>, 2 <unk>, 3..127 characters 32..156)."""
+    from specaudit.fixtures import VOCAB_SIZE
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
-
-    from specaudit.fixtures import VOCAB_SIZE
 
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
     vocab.update({chr(29 + i): i for i in range(3, VOCAB_SIZE)})
@@ -252,7 +249,6 @@ def save_tiny_pair(directory: str | Path, arch: str = "llama", dtype: torch.dtyp
     (float64 by default).
     """
     import torch
-
     from specaudit.fixtures.tiny import build_tiny
 
     dtype = torch.float64 if dtype is None else dtype
@@ -315,7 +311,6 @@ def model_device(model: torch.nn.Module) -> torch.device:
 def _classes() -> dict[str, type]:
     """`OnDevice` and `RealRun`, created once, on first use (they derive from torch and harness classes)."""
     import torch
-
     from specaudit.runner import Run
 
     class OnDevice(torch.nn.Module):
@@ -501,7 +496,6 @@ def _timed_call(
     """A fresh decoder on `case`, timed with the device synchronized: (outputs or None, the
     ContractError or None, seconds, the decoder)."""
     import torch
-
     from specaudit.contract import ContractError, instantiate
 
     device = model_device(target)
@@ -625,9 +619,8 @@ def run_real(
     first runs un-instrumented for its timing, after one short warm-up call.
     """
     import torch
-
-    from specaudit.fixtures.pairs import DTYPES
     from specaudit.contract import load_decoder
+    from specaudit.fixtures.pairs import DTYPES
 
     if batch_size < 1:
         raise RealModelError("--batch-size must be at least 1")
@@ -743,7 +736,6 @@ def measure_overhead(
     in turn (interleaved, so drifting machine load hits all of them alike); medians are kept.
     """
     import torch
-
     from specaudit.checks import check_i1, check_i2
     from specaudit.contract import instantiate, load_decoder
 
@@ -863,7 +855,7 @@ def batch_line(run: RealRun, diagnosis: Any) -> str:
         f"overhead: recording {_pct(run.record_overhead)}, checks {_pct(run.check_overhead)}"
     )
     if not diagnosis.passed:
-        from specaudit.checks import render
+        from specaudit.violation import render
 
         line += f"\n    first violated check: {diagnosis.first_check}; "
         line += f"signature: {diagnosis.signature} ({diagnosis.reason})"
@@ -938,8 +930,8 @@ def batch_report(run: RealRun, diagnosis: Any, reproducers: list[str]) -> dict[s
 
 def run_real_audit(args: argparse.Namespace) -> int:
     """`specaudit audit --target ...`: exit 0 when every batch passes, 1 on a failure, 2 for bad input."""
-    from specaudit.fixtures.pairs import DTYPES
     from specaudit.contract import DecoderLoadError, load_decoder
+    from specaudit.fixtures.pairs import DTYPES
 
     problem = _validate(args)
     if problem:

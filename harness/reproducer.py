@@ -8,8 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from specaudit.checks import Violation
 from specaudit.runner import Run
+from specaudit.violation import Violation
 
 _last: dict[str, Any] = {}
 

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from specaudit.fixtures.pairs import draft_model, target_model
-from specaudit.fixtures.transparent import RequestScript
 from specaudit.case import Case
 from specaudit.contract import ContractError, call_decoder, instantiate, load_decoder
+from specaudit.fixtures.pairs import draft_model, target_model
+from specaudit.fixtures.transparent import RequestScript
 from specaudit.instrument import Recording, instrument
 from specaudit.reference.oracle import OracleResult, greedy_oracle, truncate
 

@@ -7,12 +7,12 @@ cache slots hold), never taken from the decoder's account of itself.
 from __future__ import annotations
 
 import torch
-
-from specaudit.fixtures.pairs import DTYPES, KV_TOLERANCE, is_exact
 from specaudit.case import Case
-from specaudit.checks import RowView, Violation, row_views
+from specaudit.checks import RowView, row_views
+from specaudit.fixtures.pairs import DTYPES, KV_TOLERANCE, is_exact
 from specaudit.instrument import CallRecord
 from specaudit.runner import Run
+from specaudit.violation import Violation
 
 
 def _calls_by_prompt(run: Run) -> dict[tuple[int, ...], list[tuple[int, bool]]]:

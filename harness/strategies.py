@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 from hypothesis import assume, event
 from hypothesis import strategies as st
-
+from specaudit.case import Case
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.fixtures.pairs import check_model, is_exact
-from specaudit.case import Case
 from specaudit.runner import oracle_continuation
 
 SCHEDULES = ("all-accept", "all-reject", "ragged-per-row", "ragged-per-round")

@@ -36,12 +36,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import count
 
-from specaudit.fixtures import VOCAB_SIZE
-from specaudit.fixtures.transparent import fit_mask
 from specaudit.case import Case
 from specaudit.checks import common_prefix, row_views
-from specaudit.runner import Run, oracle_continuation
+from specaudit.fixtures import VOCAB_SIZE
+from specaudit.fixtures.transparent import fit_mask
 from specaudit.reference.oracle import truncate
+from specaudit.runner import Run, oracle_continuation
 
 
 @dataclass(frozen=True)

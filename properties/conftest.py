@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from specaudit.profiles import default_profile, register_profiles
 
 # At import: the suite's conftest loads before Hypothesis's plugin reads --hypothesis-profile.

@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from specaudit.checks import check_contract
+from specaudit.properties.test_conformance import assert_holds
 from specaudit.runner import cached_run
 from specaudit.scheduling import check_grouped_no_realignment, check_liveness, check_order_independence, permuted
 from specaudit.strategies import cases
-from specaudit.properties.test_conformance import assert_holds
 
 pytestmark = pytest.mark.specaudit
 

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from transformers import DynamicCache
-
 from specaudit.compat import cache_layers, call_model
+from transformers import DynamicCache
 
 StopReason = Literal["eos", "length"]
 

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from specaudit.fixtures.tiny import build_tiny
 from specaudit.adapters import BlackBoxEngine, DecoderEngine, HFAssisted, audit_blackbox
 from specaudit.adapters.hf_assisted import cut
 from specaudit.case import Case
 from specaudit.diagnosis import all_violations, diagnose
+from specaudit.fixtures.tiny import build_tiny
 from specaudit.runner import oracle_continuation, run_case
 from specaudit.strategies import pattern_from_rounds
 

@@ -8,13 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import DynamicCache
-
-from specaudit.fixtures import VOCAB_SIZE
-from specaudit.fixtures.transparent import wrong_token
 from specaudit.case import Case
 from specaudit.checks import (
-    Violation,
     check_equivalence,
     check_i1,
     check_i2,
@@ -23,9 +18,13 @@ from specaudit.checks import (
     i1_call_violations,
 )
 from specaudit.compat import call_model
+from specaudit.fixtures import VOCAB_SIZE
+from specaudit.fixtures.transparent import wrong_token
 from specaudit.instrument import CallRecord
-from specaudit.runner import Run, oracle_continuation, run_case
 from specaudit.reference.eqspec import BatchState, EqSpec
+from specaudit.runner import Run, oracle_continuation, run_case
+from specaudit.violation import Violation
+from transformers import DynamicCache
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 CHECKS: dict[str, Callable[[Run], list[Violation]]] = {

@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 import torch
-
 from specaudit.case import Case
 from specaudit.checks import check_equivalence, check_i2, check_token_preservation
 from specaudit.contract import ContractError, DecoderLoadError, call_decoder, instantiate, load_decoder, validate_output
-from specaudit.runner import run_case
 from specaudit.reference.eqspec import EqSpec
+from specaudit.runner import run_case
 
 IDS = torch.tensor([[0, 3, 1, 4], [9, 2, 6, 5]])  # [2, 4]
 MASK = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])

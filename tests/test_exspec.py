@@ -6,16 +6,16 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from specaudit.case import Case
-from specaudit.checks import check_equivalence, check_i1, check_i2, check_token_preservation, explain
+from specaudit.checks import check_equivalence, check_i1, check_i2, check_token_preservation
 from specaudit.compat import call_model
-from specaudit.runner import Run, run_case
-from specaudit.scheduling import check_liveness, check_order_independence, permuted
-from specaudit.strategies import cases
 from specaudit.reference.eqspec import BatchState, EqSpec
 from specaudit.reference.exspec import ExSpec, Sequence
 from specaudit.reference.lazy import LazySpec
+from specaudit.runner import Run, run_case
+from specaudit.scheduling import check_liveness, check_order_independence, permuted
+from specaudit.strategies import cases
+from specaudit.violation import explain
 
 ALL_ACCEPT = tuple([True] * 40)
 ALL_REJECT = tuple([False] * 40)

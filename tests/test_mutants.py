@@ -7,11 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-
 from specaudit.diagnosis import diagnose
+from specaudit.reference.mutants import CATALOG, CHECK_ORDER, SIGNATURES, BugInfo
 from specaudit.runner import run_case
 from specaudit.search import search
-from specaudit.reference.mutants import CATALOG, CHECK_ORDER, SIGNATURES, BugInfo
 
 MAX_EXAMPLES = 200
 

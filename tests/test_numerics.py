@@ -8,16 +8,15 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from specaudit.fixtures.pairs import target_model
 from specaudit.case import Case
 from specaudit.checks import check_equivalence, equivalence
 from specaudit.compat import call_model
 from specaudit.diagnosis import all_violations, diagnose
-from specaudit.runner import Run, run_case
-from specaudit.strategies import cases
+from specaudit.fixtures.pairs import target_model
 from specaudit.reference.eqspec import BatchState, EqSpec
 from specaudit.reference.oracle import OracleResult, greedy_oracle
+from specaudit.runner import Run, run_case
+from specaudit.strategies import cases
 
 PATTERN = tuple([True, False] * 20)
 

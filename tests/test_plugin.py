@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-
-from specaudit.models import DEFAULT_DECODERS, MODELS as DEFAULT_MODELS
+from specaudit.models import DEFAULT_DECODERS
+from specaudit.models import MODELS as DEFAULT_MODELS
 
 CONFORMANCE = Path(__file__).resolve().parents[1] / "properties" / "test_conformance.py"
 EQSPEC = "specaudit.reference.eqspec:EqSpec"

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from specaudit.fixtures.tiny import build_tiny
 from specaudit.compat import call_model
 from specaudit.diagnosis import diagnose
+from specaudit.fixtures.tiny import build_tiny
 from specaudit.realmodel import (
     RealModelError,
     audit_batch,

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-
+from specaudit.compat import cache_length, call_model
 from specaudit.fixtures import VOCAB_SIZE, tiny
 from specaudit.fixtures.tiny import ARCHS, build_tiny
-from specaudit.compat import cache_length, call_model
 
 ATOL = 1e-9
 PROMPT_LENGTHS = (5, 2, 7)  # left padding: rows 0 and 1 are padded, row 2 is not

@@ -23,22 +23,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-
-from specaudit.fixtures.pairs import DTYPES
 from specaudit.case import Case
-from specaudit.checks import (
-    Equivalence,
-    RowEquivalence,
-    Violation,
-    check_contract,
-    check_equivalence,
-    equivalence,
-    render,
-)
+from specaudit.checks import Equivalence, RowEquivalence, check_contract, check_equivalence, equivalence
 from specaudit.contract import ContractError, instantiate, load_decoder, validate_output
+from specaudit.fixtures.pairs import DTYPES
 from specaudit.instrument import Recording
-from specaudit.runner import Run
 from specaudit.reference.oracle import OracleResult, greedy_oracle
+from specaudit.runner import Run
+from specaudit.violation import Violation, render
 
 
 @runtime_checkable
