@@ -40,9 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `bench.*` importable next to the package
     sys.path.insert(0, str(ROOT))
 
-from specaudit.fixtures import VOCAB_SIZE  # noqa: E402
-from specaudit.fixtures.tiny import build_tiny  # noqa: E402
-
 from bench import report  # noqa: E402
 from bench.serving import ExSpecServer, arrival_trace, pad_prompts, serve_eqspec  # noqa: E402
 from bench.variants import (  # noqa: E402
@@ -55,6 +52,8 @@ from bench.variants import (  # noqa: E402
     check_repad_loop,
     synchronizer,
 )
+from specaudit.fixtures import VOCAB_SIZE  # noqa: E402
+from specaudit.fixtures.tiny import build_tiny  # noqa: E402
 
 FULL = {
     "align_batch_sizes": [1, 2, 4, 8, 16, 32],

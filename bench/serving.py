@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
 from specaudit.reference.eqspec import EqSpec
 from specaudit.reference.exspec import ExSpec
 

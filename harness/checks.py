@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from specaudit.fixtures.pairs import DTYPES, KV_TOLERANCE, TIE_TOLERANCE, is_exact
 from specaudit.fixtures.transparent import fit_mask, read_slots
 from specaudit.instrument import CallRecord

@@ -173,7 +173,9 @@ def default_audit() -> list[tuple[str, bool]]:
     """The main job: the reference decoders must pass, every planted bug must be caught."""
     from specaudit.reference.mutants import CATALOG
 
-    return [(spec, False) for spec in DEFAULT_DECODERS] + [(f"specaudit.reference.mutants:{name}", True) for name in CATALOG]
+    return [(spec, False) for spec in DEFAULT_DECODERS] + [
+        (f"specaudit.reference.mutants:{name}", True) for name in CATALOG
+    ]
 
 
 def write_outputs(directory: Path, verdicts: list[Verdict]) -> None:
@@ -262,7 +264,9 @@ def usage_error(message: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specaudit", description="Correctness audit for batch speculative decoders.")
     sub = parser.add_subparsers(dest="command")
-    sub.add_parser("suite", help="run the installed conformance suite: specaudit suite --decoder MODULE:ATTR [pytest args]")
+    sub.add_parser(
+        "suite", help="run the installed conformance suite: specaudit suite --decoder MODULE:ATTR [pytest args]"
+    )
     audit = sub.add_parser(
         "audit", help="audit decoders on the built-in models (default: reference decoders and planted bugs)"
     )

@@ -44,7 +44,9 @@ def load_decoder(spec: str) -> Any:
     """Resolve `module:attr` to a class or zero-argument factory; errors say which part failed."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise DecoderLoadError(f"decoder spec {spec!r} is not of the form module:attr (e.g. specaudit.reference.eqspec:EqSpec)")
+        raise DecoderLoadError(
+            f"decoder spec {spec!r} is not of the form module:attr (e.g. specaudit.reference.eqspec:EqSpec)"
+        )
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

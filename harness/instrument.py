@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from specaudit.compat import cache_from_call, cache_layers, output_cache
 
 

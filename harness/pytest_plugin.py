@@ -10,6 +10,7 @@ suite's own conftest (`properties/conftest.py`). No torch is imported here.
 from __future__ import annotations
 
 import pytest
+
 from specaudit.models import DEFAULT_DECODERS, parse_models
 
 

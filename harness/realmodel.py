@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 # `OnDevice` (a `torch.nn.Module`), are created on first access (`__getattr__` below).
 if TYPE_CHECKING:
     import torch
+
     from specaudit.case import Case
     from specaudit.realmodel import RealRun  # created lazily, see `_classes`
     from specaudit.reference.oracle import OracleResult
@@ -124,8 +125,9 @@ def _check_model_dir(role: str, path: str | Path) -> Path:
 
 
 def load_model(role: str, path: str | Path, device: torch.device, dtype: str = "auto") -> torch.nn.Module:
-    from specaudit.fixtures.pairs import DTYPES
     from transformers import AutoModelForCausalLM
+
+    from specaudit.fixtures.pairs import DTYPES
 
     p = _check_model_dir(role, path)
     if dtype not in DTYPE_CHOICES:
@@ -230,9 +232,10 @@ def tokenize(tokenizer: Any, prompts: Sequence[str]) -> list[tuple[int, ...]]:
 
 def tiny_tokenizer() -> Any:
     """A 128-token character tokenizer (0 <pad>, 1 <eos>, 2 <unk>, 3..127 characters 32..156)."""
-    from specaudit.fixtures import VOCAB_SIZE
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
+
+    from specaudit.fixtures import VOCAB_SIZE
 
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
     vocab.update({chr(29 + i): i for i in range(3, VOCAB_SIZE)})
@@ -249,6 +252,7 @@ def save_tiny_pair(directory: str | Path, arch: str = "llama", dtype: torch.dtyp
     (float64 by default).
     """
     import torch
+
     from specaudit.fixtures.tiny import build_tiny
 
     dtype = torch.float64 if dtype is None else dtype
@@ -311,6 +315,7 @@ def model_device(model: torch.nn.Module) -> torch.device:
 def _classes() -> dict[str, type]:
     """`OnDevice` and `RealRun`, created once, on first use (they derive from torch and harness classes)."""
     import torch
+
     from specaudit.runner import Run
 
     class OnDevice(torch.nn.Module):
@@ -496,6 +501,7 @@ def _timed_call(
     """A fresh decoder on `case`, timed with the device synchronized: (outputs or None, the
     ContractError or None, seconds, the decoder)."""
     import torch
+
     from specaudit.contract import ContractError, instantiate
 
     device = model_device(target)
@@ -619,6 +625,7 @@ def run_real(
     first runs un-instrumented for its timing, after one short warm-up call.
     """
     import torch
+
     from specaudit.contract import load_decoder
     from specaudit.fixtures.pairs import DTYPES
 
@@ -736,6 +743,7 @@ def measure_overhead(
     in turn (interleaved, so drifting machine load hits all of them alike); medians are kept.
     """
     import torch
+
     from specaudit.checks import check_i1, check_i2
     from specaudit.contract import instantiate, load_decoder
 

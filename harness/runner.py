@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from specaudit.case import Case
 from specaudit.contract import ContractError, call_decoder, instantiate, load_decoder
 from specaudit.fixtures.pairs import draft_model, target_model

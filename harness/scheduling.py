@@ -7,6 +7,7 @@ cache slots hold), never taken from the decoder's account of itself.
 from __future__ import annotations
 
 import torch
+
 from specaudit.case import Case
 from specaudit.checks import RowView, row_views
 from specaudit.fixtures.pairs import DTYPES, KV_TOLERANCE, is_exact

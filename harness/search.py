@@ -56,6 +56,7 @@ def search(
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
+
     from specaudit.contract import load_decoder
     from specaudit.strategies import cases
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from hypothesis import assume, event
 from hypothesis import strategies as st
+
 from specaudit.case import Case
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.fixtures.pairs import check_model, is_exact

@@ -52,5 +52,3 @@ def render(violations: list[Violation], limit: int = 8) -> str:
 def explain(run: Run, violations: list[Violation]) -> str:
     """The failure message: decoder, case, and the evidence."""
     return f"decoder {run.decoder} on {run.case!r}\n{render(violations)}"
-
-

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from specaudit.profiles import default_profile, register_profiles
 
 # At import: the suite's conftest loads before Hypothesis's plugin reads --hypothesis-profile.
@@ -19,10 +20,21 @@ register_profiles()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("specaudit")
-    group.addoption("--decoder", dest="specaudit_decoder", action="append", default=[], metavar="MODULE:ATTR",
-                    help="decoder under test (repeatable), as --specaudit-decoder")
-    group.addoption("--models", dest="specaudit_models", default=None, metavar="NAMES",
-                    help="comma-separated built-in models, as --specaudit-models")
+    group.addoption(
+        "--decoder",
+        dest="specaudit_decoder",
+        action="append",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="decoder under test (repeatable), as --specaudit-decoder",
+    )
+    group.addoption(
+        "--models",
+        dest="specaudit_models",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated built-in models, as --specaudit-models",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from specaudit.checks import check_contract, check_equivalence, check_i1, check_i2, check_token_preservation
 from specaudit.reproducer import remember_failure
 from specaudit.runner import Run, cached_run

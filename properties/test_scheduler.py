@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from specaudit.checks import check_contract
 from specaudit.properties.test_conformance import assert_holds
 from specaudit.runner import cached_run

@@ -8,9 +8,10 @@ synchronisation errors. It ignores the draft.
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
+
 from specaudit.compat import call_model
 from specaudit.reference.eqspec import EqSpec, left_pad_positions
-from transformers import DynamicCache
 
 
 class BatchedGreedy:

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from specaudit.compat import cache_layers, call_model, set_cache_layers
 from transformers import DynamicCache
+
+from specaudit.compat import cache_layers, call_model, set_cache_layers
 
 
 @dataclass

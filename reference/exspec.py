@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
+
 from specaudit.compat import cache_from_tensors, cache_layers
 from specaudit.reference.eqspec import BatchState, EqSpec
-from transformers import DynamicCache
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 

@@ -11,6 +11,7 @@ threshold, so most rounds pay no realignment at all.
 from __future__ import annotations
 
 import torch
+
 from specaudit.compat import select_rows
 from specaudit.reference.eqspec import BatchState, EqSpec
 

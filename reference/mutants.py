@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from specaudit.compat import cache_layers, select_rows, set_cache_layers
 from specaudit.reference.eqspec import BatchState, EqSpec
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from specaudit.compat import cache_layers, call_model
 from transformers import DynamicCache
+
+from specaudit.compat import cache_layers, call_model
 
 StopReason = Literal["eos", "length"]
 

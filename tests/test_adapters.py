@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from specaudit.adapters import BlackBoxEngine, DecoderEngine, HFAssisted, audit_blackbox
 from specaudit.adapters.hf_assisted import cut
 from specaudit.case import Case

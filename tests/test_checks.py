@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import torch
+from transformers import DynamicCache
+
 from specaudit.case import Case
 from specaudit.checks import (
     check_equivalence,
@@ -24,7 +26,6 @@ from specaudit.instrument import CallRecord
 from specaudit.reference.eqspec import BatchState, EqSpec
 from specaudit.runner import Run, oracle_continuation, run_case
 from specaudit.violation import Violation
-from transformers import DynamicCache
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 CHECKS: dict[str, Callable[[Run], list[Violation]]] = {
@@ -258,7 +259,9 @@ def test_i2_rejected_kv_attended_single_row() -> None:
 def test_i2_rejected_kv_attended_names_the_ragged_row() -> None:
     """With one row accepting everything and one rejecting, I2 blames the rejecting row at its stale slot."""
     prompts = ((5, 6, 7), (9,))
-    run = run_case("specaudit.reference.mutants:rejected_kv_attended", Case(prompts, (pattern("1"), pattern("0")), 2, 6, None, 0))
+    run = run_case(
+        "specaudit.reference.mutants:rejected_kv_attended", Case(prompts, (pattern("1"), pattern("0")), 2, 6, None, 0)
+    )
     first = violations(run)["I2"][0]
     cont = continuation(prompts[1])
     # row 1 is [pad, pad, 9]; call 1 writes t0, d1, d2 at slots 3..5; slot 4 holds d1 at position 2
@@ -314,7 +317,9 @@ def test_equivalence_bonus_from_draft() -> None:
 def test_equivalence_names_the_diverging_request() -> None:
     """In a batch, only the request that diverged is reported, by its row of the case."""
     prompts = ((5, 6, 7), (9,))
-    run = run_case("specaudit.reference.mutants:rejected_kv_attended", Case(prompts, (pattern("1"), pattern("0")), 2, 6, None, 0))
+    run = run_case(
+        "specaudit.reference.mutants:rejected_kv_attended", Case(prompts, (pattern("1"), pattern("0")), 2, 6, None, 0)
+    )
     found = violations(run)["equivalence"]
     assert [v.request for v in found] == [1]
     assert found[0].expected.startswith(f"token {continuation(prompts[1])[2]} at index 2")
@@ -346,7 +351,8 @@ def test_equivalence_strict_prefix_fails() -> None:
 def test_token_preservation_draft_cache_not_rolled_back() -> None:
     """A draft cache that keeps rejected proposals is caught by token preservation only, at the next round."""
     run = run_case(
-        "specaudit.reference.mutants:draft_cache_not_rolled_back", Case(((3, 1, 4),), (pattern("1101111111"),), 2, 6, None, 0)
+        "specaudit.reference.mutants:draft_cache_not_rolled_back",
+        Case(((3, 1, 4),), (pattern("1101111111"),), 2, 6, None, 0),
     )
     found = violations(run)
     assert found["I1"] == found["I2"] == found["equivalence"] == []

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from specaudit.case import Case
 from specaudit.checks import check_equivalence, check_i2, check_token_preservation
 from specaudit.contract import ContractError, DecoderLoadError, call_decoder, instantiate, load_decoder, validate_output

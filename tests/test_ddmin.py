@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from specaudit.case import Case
 from specaudit.ddmin import ddmin, minimize_case
 from specaudit.diagnosis import all_violations, diagnose

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from specaudit.case import Case
 from specaudit.checks import check_equivalence, check_i1, check_i2, check_token_preservation
 from specaudit.compat import call_model

@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
 import specaudit.cli
 from specaudit.case import Case
 from specaudit.cli import Verdict

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
 from specaudit.diagnosis import diagnose
 from specaudit.reference.mutants import CATALOG, CHECK_ORDER, SIGNATURES, BugInfo
 from specaudit.runner import run_case

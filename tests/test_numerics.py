@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from specaudit.case import Case
 from specaudit.checks import check_equivalence, equivalence
 from specaudit.compat import call_model
@@ -67,7 +68,10 @@ def test_tie_then_real_divergence_is_reported_against_the_resynced_oracle() -> N
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("decoder", ["specaudit.reference.eqspec:EqSpec", "specaudit.reference.exspec:ExSpec", "specaudit.reference.lazy:LazySpec"])
+@pytest.mark.parametrize(
+    "decoder",
+    ["specaudit.reference.eqspec:EqSpec", "specaudit.reference.exspec:ExSpec", "specaudit.reference.lazy:LazySpec"],
+)
 def test_correct_decoders_have_no_failures_in_low_precision(decoder: str, dtype: str) -> None:
     """Correct decoders pass every check on the tiny architectures in float32 and bfloat16, ties allowed."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from specaudit.fixtures.tiny import build_tiny
 from specaudit.fixtures.transparent import TOP1_GAP, TransparentLM, transparent_target
 from specaudit.reference.oracle import greedy_oracle, top_margin, truncate

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from specaudit.models import DEFAULT_DECODERS
 from specaudit.models import MODELS as DEFAULT_MODELS
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from specaudit.compat import call_model
 from specaudit.diagnosis import diagnose
 from specaudit.fixtures.tiny import build_tiny

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+
 from specaudit.compat import cache_length, call_model
 from specaudit.fixtures import VOCAB_SIZE, tiny
 from specaudit.fixtures.tiny import ARCHS, build_tiny

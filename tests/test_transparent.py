@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 import torch
+from transformers import DynamicCache
+
 from specaudit.compat import cache_layers, call_model
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.fixtures.transparent import (
@@ -18,7 +20,6 @@ from specaudit.fixtures.transparent import (
     transparent_target,
 )
 from specaudit.reference.oracle import greedy_oracle
-from transformers import DynamicCache
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((3, 1, 4, 1, 5), (9, 2), (7,), (100, 101, 102))
 PAD = 1  # also a real token of PROMPTS[0]: the mask, not the id, says what a pad is

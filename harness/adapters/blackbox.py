@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
 from specaudit.case import Case
 from specaudit.checks import Equivalence, RowEquivalence, check_contract, check_equivalence, equivalence
 from specaudit.contract import ContractError, instantiate, load_decoder, validate_output
