@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: audit test lint clean
+.PHONY: audit test lint cycles clean
 
 $(BIN)/specaudit: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ test: $(BIN)/specaudit
 lint: $(BIN)/specaudit
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# Import cycles among specaudit's modules (imports inside functions count), on a copy of the
+# tree laid out as the wheel installs it (harness/ is specaudit, the other folders its subpackages).
+cycles:
+	rm -rf build/cycles && mkdir -p build/cycles
+	cp -r harness build/cycles/specaudit
+	for d in reference fixtures properties; do cp -r $$d build/cycles/specaudit/$$d; done
+	$(PYTHON) ../shared/tools/import_cycles.py build/cycles specaudit
 
 clean:
 	rm -rf $(VENV) .hypothesis *.egg-info

@@ -47,8 +47,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+KNOWN_FAILURES = pytest.StashKey[object]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "specaudit: a conformance property run for every decoder under test")
+    if config.getoption("specaudit_decoder", default=None):
+        decoder_specs(config)  # asked for by name: a bad one is a usage error before collection
+    if config.getoption("specaudit_models", default=None) is not None:
+        model_names(config)
+    path = config.getoption("specaudit_xfails", default=None)
+    if path:
+        from specaudit.errors import UsageError
+        from specaudit.xfails import load_xfails
+
+        try:
+            config.stash[KNOWN_FAILURES] = load_xfails(path)
+        except UsageError as exc:
+            raise pytest.UsageError(f"specaudit: {exc}") from None
 
 
 def decoder_specs(config: pytest.Config) -> list[str]:
@@ -90,6 +106,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
     from specaudit.reproducer import take_failure, write_reproducer
 
     failure = take_failure()
-    if report.failed and failure is not None:
-        path = write_reproducer(item.config.getoption("specaudit_out"), item.nodeid, failure)
-        report.sections.append(("specaudit", f"reproducer written to {path}"))
+    if not report.failed or failure is None:
+        return
+    path = write_reproducer(item.config.getoption("specaudit_out"), item.nodeid, failure)
+    report.sections.append(("specaudit", f"reproducer written to {path}"))
+    known = known_failure(item, failure)
+    if known is not None:  # every violation is listed: reported as xfail, like pytest's own xfail
+        report.outcome = "skipped"
+        report.wasxfail = f"known failure ({known}); reproducer {path}"
+
+
+def known_failure(item: pytest.Item, failure: dict) -> str | None:
+    """The --specaudit-xfails lines covering every violation of this failure, or None when one is new."""
+    known = item.config.stash.get(KNOWN_FAILURES, None)
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    decoder, model = params.get("specaudit_decoder", failure["decoder"]), params.get("specaudit_model", "*")
+    evidence = failure.get("evidence") or []
+    if known is None or not evidence:
+        return None
+    pairs = sorted({(v["check"], v["rule"]) for v in evidence})
+    if all(known.matches(decoder, model, check, rule) for check, rule in pairs):  # type: ignore[attr-defined]
+        return ", ".join(f"{check} {rule}" for check, rule in pairs)
+    return None

@@ -32,5 +32,7 @@ def run_suite(args: list[str]) -> int:
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
-    code = int(pytest.main([str(suite_dir()), "-p", "no:cacheprovider", *args]))
+    # specaudit is imported already (this CLI): pytest cannot assertion-rewrite its plugin, and need not say so.
+    quiet = ["-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    code = int(pytest.main([str(suite_dir()), "-p", "no:cacheprovider", *quiet, *args]))
     return 2 if code == int(pytest.ExitCode.USAGE_ERROR) else code

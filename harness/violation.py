@@ -8,10 +8,14 @@ the diagnosis, which reads fields and never parses text.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from specaudit.runner import Run
+
+class _Described(Protocol):
+    """What a failure message names: a Run, or anything else with a decoder and a case."""
+
+    decoder: str
+    case: object
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,6 @@ def render(violations: list[Violation], limit: int = 8) -> str:
     return "\n".join(lines)
 
 
-def explain(run: Run, violations: list[Violation]) -> str:
+def explain(run: _Described, violations: list[Violation]) -> str:
     """The failure message: decoder, case, and the evidence."""
     return f"decoder {run.decoder} on {run.case!r}\n{render(violations)}"

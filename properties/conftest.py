@@ -49,7 +49,3 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(1)
-    from specaudit.pytest_plugin import decoder_specs, model_names
-
-    decoder_specs(config)  # a bad --decoder or --models is a usage error before collection
-    model_names(config)

@@ -1,6 +1,6 @@
-"""The pytest plugin, run as a user runs it: `--decoder`, `--models`, the profiles, and the real properties.
+"""The pytest plugin and the suite's conftest, run as users run them.
 
-Every run is a subprocess: the plugin loads Hypothesis profiles and imports decoders, state that
+Every run is a subprocess: profiles, options and imported decoders are process state that
 must not leak into this session. Runs cost seconds each, so there are few of them.
 """
 
@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.models import DEFAULT_DECODERS
-from specaudit.models import MODELS as DEFAULT_MODELS
+from specaudit.models import DEFAULT_DECODERS, MODELS
 
-CONFORMANCE = Path(__file__).resolve().parents[1] / "properties" / "test_conformance.py"
+PROPERTIES = Path(__file__).resolve().parents[1] / "properties"
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 MUTANT = "specaudit.reference.mutants:rejected_kv_attended"
 
@@ -24,27 +23,40 @@ import pytest
 pytestmark = pytest.mark.specaudit
 
 
-def test_decoder(decoder_spec: str) -> None:
+def test_decoder(specaudit_decoder: str) -> None:
     from specaudit.contract import instantiate, load_decoder
 
-    assert callable(instantiate(load_decoder(decoder_spec), decoder_spec).generate)
+    assert callable(instantiate(load_decoder(specaudit_decoder), specaudit_decoder).generate)
 
 
-def test_model(decoder_spec: str, model: str) -> None:
-    from specaudit.models import MODELS as DEFAULT_MODELS
+def test_model(specaudit_decoder: str, specaudit_model: str) -> None:
+    from specaudit.models import MODELS
 
-    assert model in DEFAULT_MODELS
+    assert specaudit_model in MODELS
 """
 
-PROFILE = """
-from hypothesis import settings
+UNRELATED = """
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
 
 
-def test_profile() -> None:
-    print("PROFILE", settings.get_current_profile_name(), settings.default.max_examples)
-    assert settings.get_current_profile_name() == "dev" and settings.default.max_examples == 15
+@pytest.fixture
+def decoder_spec() -> str:
+    return "mine"
+
+
+@pytest.fixture
+def model() -> str:
+    return "mine"
+
+
+def test_unrelated(decoder_spec: str, model: str) -> None:
+    print("MAX_EXAMPLES", settings.default.max_examples, "PROFILE", settings.get_current_profile_name())
+    print("TORCH", "torch" in sys.modules)
+    assert (decoder_spec, model) == ("mine", "mine")
 """
-
 
 NO_SHRINK = """
 import pytest
@@ -53,16 +65,16 @@ from hypothesis import Phase, settings
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
-    # after specaudit's own pytest_configure: its dev profile, minus the (slow) shrink phase
+    # after the suite's conftest: its dev profile, minus the (slow) shrink phase
     phases = (Phase.explicit, Phase.reuse, Phase.generate)
-    settings.register_profile("specaudit-no-shrink", parent=settings.get_profile("dev"), phases=phases)
-    settings.load_profile("specaudit-no-shrink")
+    settings.register_profile("no-shrink", parent=settings.get_profile("specaudit-dev"), phases=phases)
+    settings.load_profile("no-shrink")
 """
 
 
 @pytest.fixture
 def small(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """A pytester dir holding a small specaudit test file; CI unset, so the plugin's default profile is dev."""
+    """A pytester dir holding a small specaudit test file (CI unset)."""
     monkeypatch.delenv("CI", raising=False)
     pytester.makepyfile(test_small=SMALL)
     return pytester
@@ -78,21 +90,29 @@ def nothing_ran(result: pytest.RunResult) -> bool:
 
 
 def test_default_decoders_are_the_references(small: pytest.Pytester) -> None:
-    """Without --decoder, `decoder_spec` runs each reference decoder (EqSpec first), `model` each built-in model."""
+    """Without a decoder option, `specaudit_decoder` runs each reference decoder, `specaudit_model` each model."""
     assert DEFAULT_DECODERS[0] == EQSPEC
     result = small.runpytest_subprocess("-v", "--strict-markers", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=len(DEFAULT_DECODERS) * (1 + len(DEFAULT_MODELS)))
+    result.assert_outcomes(passed=len(DEFAULT_DECODERS) * (1 + len(MODELS)))
     for spec in DEFAULT_DECODERS:
         result.stdout.fnmatch_lines([f"*test_decoder?{spec}? PASSED*"])
-        for model in DEFAULT_MODELS:
+        for model in MODELS:
             result.stdout.fnmatch_lines([f"*test_model?{spec}-{model}? PASSED*"])
 
 
 def test_repeated_decoder_parametrizes_each(small: pytest.Pytester) -> None:
-    """`--decoder` given twice replaces the default and parametrizes every test with both, in order."""
+    """`--specaudit-decoder` given twice replaces the default and parametrizes every test with both, in order."""
     mutant = "specaudit.reference.mutants:bonus_from_draft"
     result = small.runpytest_subprocess(
-        "-v", "-p", "no:cacheprovider", "--decoder", EQSPEC, "--decoder", mutant, "--models", "transparent"
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        "--specaudit-decoder",
+        EQSPEC,
+        "--specaudit-decoder",
+        mutant,
+        "--specaudit-models",
+        "transparent",
     )
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(
@@ -105,78 +125,109 @@ def test_repeated_decoder_parametrizes_each(small: pytest.Pytester) -> None:
     )
 
 
-def test_missing_decoder_module_fails_naming_it(small: pytest.Pytester) -> None:
-    """`--decoder` of a module that does not exist stops the run with a message naming the module."""
-    result = small.runpytest_subprocess("-p", "no:cacheprovider", "--decoder", "specaudit_nosuchmod:X")
-    assert result.ret != 0
-    text = output(result)
-    assert "'specaudit_nosuchmod' not found" in text
-    assert nothing_ran(result)
-
-
 def test_missing_decoder_module_is_a_usage_error(small: pytest.Pytester) -> None:
-    """`--decoder nosuchmod:X` exits with pytest's usage-error code and names the module on stderr."""
-    result = small.runpytest_subprocess("-p", "no:cacheprovider", "--decoder", "specaudit_nosuchmod:X")
+    """A decoder module that does not exist: pytest's usage-error exit, the module named on stderr, nothing run."""
+    result = small.runpytest_subprocess("-p", "no:cacheprovider", "--specaudit-decoder", "specaudit_nosuchmod:X")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "specaudit_nosuchmod" in result.stderr.str()
+    assert "'specaudit_nosuchmod' not found" in result.stderr.str()
+    assert nothing_ran(result)
 
 
 def test_decoder_module_raising_on_import_fails_clearly(small: pytest.Pytester) -> None:
-    """`--decoder` of a module that raises on import stops the run, naming the module and its exception."""
+    """A decoder module that raises on import stops the run, naming the module and its exception."""
     small.makepyfile(specaudit_badmod="raise RuntimeError('no GPU here')\n")
-    result = small.runpytest_subprocess("-p", "no:cacheprovider", "--decoder", "specaudit_badmod:Decoder")
-    assert result.ret != 0
-    text = output(result)
-    assert "'specaudit_badmod' failed to import: RuntimeError: no GPU here" in text
+    result = small.runpytest_subprocess("-p", "no:cacheprovider", "--specaudit-decoder", "specaudit_badmod:Decoder")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "'specaudit_badmod' failed to import: RuntimeError: no GPU here" in output(result)
     assert nothing_ran(result)
 
 
-def test_hypothesis_profile_option_selects_dev(pytester: pytest.Pytester) -> None:
-    """`--hypothesis-profile dev` loads specaudit's dev profile (15 examples)."""
-    pytester.makepyfile(test_profile=PROFILE)
-    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--hypothesis-profile", "dev")
+def test_unknown_model_is_a_usage_error(small: pytest.Pytester) -> None:
+    """`--specaudit-models` naming no built-in model stops the run and lists the built-in ones."""
+    result = small.runpytest_subprocess("-p", "no:cacheprovider", "--specaudit-models", "transparent,gpt7")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "unknown model(s) gpt7" in result.stderr.str() and "transparent" in result.stderr.str()
+
+
+def test_plugin_is_inert_in_an_unrelated_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CI=true in a project that does not use specaudit: Hypothesis keeps its own profile (100 examples),
+    torch is not imported, no unprefixed option is added and a test with `decoder_spec`/`model` is not parametrized."""
+    monkeypatch.setenv("CI", "true")
+    pytester.makepyfile(test_unrelated=UNRELATED)
+    result = pytester.runpytest_subprocess("-s", "-v", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*MAX_EXAMPLES 100 PROFILE ci", "TORCH False"])
+    assert "test_unrelated[" not in result.stdout.str(), "the test was parametrized"
+    assert "specaudit" in pytester.runpytest_subprocess("--trace-config").stdout.str()  # the plugin is loaded
+    helped = pytester.runpytest_subprocess("--help").stdout.str()
+    assert "--specaudit-decoder" in helped
+    assert re.search(r"^\s+--(decoder|models)\b", helped, re.M) is None, "unprefixed options leaked"
 
 
-def test_each_decoder_is_judged_by_the_properties(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run on the real properties, EqSpec passes all four while a planted bug fails I2 and equivalence with evidence."""
-    monkeypatch.delenv("CI", raising=False)
-    # Shrinking the planted bug's failing case takes 20-90 s; the evidence is there without it.
+def test_suite_adds_short_options_and_its_profile(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only where the suite runs: `--decoder`/`--models` exist and specaudit-ci is loaded when CI is set."""
+    monkeypatch.setenv("CI", "true")
+    helped = pytester.runpytest_subprocess(str(PROPERTIES), "--help").stdout.str()
+    assert re.search(r"^\s+--decoder\b", helped, re.M) and re.search(r"^\s+--models\b", helped, re.M)
+    collected = pytester.runpytest_subprocess(str(PROPERTIES), "--co", "-v", "-p", "no:cacheprovider")
+    collected.stdout.fnmatch_lines(["*hypothesis profile 'specaudit-ci'*"])
+    chosen = pytester.runpytest_subprocess(
+        str(PROPERTIES), "--co", "-v", "-p", "no:cacheprovider", "--hypothesis-profile", "specaudit-thorough"
+    )
+    chosen.stdout.fnmatch_lines(["*hypothesis profile 'specaudit-thorough'*"])
+
+
+def run_properties(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """The real properties on the transparent model, dev profile without shrinking, seed 0."""
     pytester.makepyfile(specaudit_no_shrink=NO_SHRINK)
-    result = pytester.runpytest_subprocess(
-        str(CONFORMANCE),
+    return pytester.runpytest_subprocess(
+        str(PROPERTIES),
         "-p",
         "specaudit_no_shrink",
         "--models",
         "transparent",
-        "--decoder",
-        EQSPEC,
-        "--decoder",
-        MUTANT,
         "--hypothesis-seed",
         "0",
         "-p",
         "no:cacheprovider",
         "-v",
+        *args,
     )
-    result.stdout.fnmatch_lines(["*hypothesis profile*specaudit-no-shrink*"])
-    for prop in (
-        "i1_rectangular_alignment",
-        "i2_position_kv_correspondence",
-        "output_equivalence",
-        "token_preservation",
-    ):
-        result.stdout.fnmatch_lines([f"*test_{prop}?{EQSPEC}-transparent? PASSED*"])
-    result.stdout.fnmatch_lines(
-        [
-            f"*test_i2_position_kv_correspondence?{MUTANT}-transparent? FAILED*",
-            f"*test_output_equivalence?{MUTANT}-transparent? FAILED*",
-        ]
-    )
-    outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) >= 2 and outcomes.get("passed", 0) >= 4
-    assert f"decoder {MUTANT} on Case(" in result.stdout.str()
-    result.stdout.fnmatch_lines(
-        ["*[[]I2: attends-wrong-slot[]] target call *, row *, slot *: got slot * holding token * at position *"]
-    )
-    result.stdout.fnmatch_lines(["*[[]equivalence: first-divergence[]] *got token * at index *"])
+
+
+def test_each_decoder_is_judged_by_the_properties(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the real properties EqSpec passes every one; a planted bug fails I2 with evidence and leaves a reproducer."""
+    monkeypatch.delenv("CI", raising=False)
+    out = pytester.path / "repro"
+    result = run_properties(pytester, "--decoder", EQSPEC, "--decoder", MUTANT, "--specaudit-out", str(out))
+    result.stdout.fnmatch_lines(["*hypothesis profile*no-shrink*"])
+    text = result.stdout.str()
+    assert re.search(rf"\[{re.escape(EQSPEC)}-transparent\] (FAILED|ERROR)", text) is None, "EqSpec failed"
+    assert result.parseoutcomes().get("passed", 0) >= 4, "EqSpec should pass every property"
+    result.stdout.fnmatch_lines([f"*test_i2_*?{MUTANT}-transparent? FAILED*"])
+    assert f"decoder {MUTANT} on Case(" in text
+    result.stdout.fnmatch_lines(["*[[]I2: *[]] target call *, row *, slot *: got * but should be *"])
+    written = sorted(out.glob("*.json"))
+    assert written and all("rejected_kv_attended" in p.name for p in written), written
+
+
+def test_known_failures_file_turns_listed_failures_into_xfail(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--specaudit-xfails`: failures whose every violation is listed are xfailed (exit 0); one not listed still fails."""
+    monkeypatch.delenv("CI", raising=False)
+    everything = pytester.makefile(".txt", known=f"# the planted bug, as known\n{MUTANT} transparent * *\n")
+    result = run_properties(pytester, "--decoder", MUTANT, "--specaudit-xfails", str(everything))
+    assert result.ret == 0, output(result)
+    assert result.parseoutcomes().get("xfailed", 0) >= 1
+    only_i1 = pytester.makefile(".txt", partial=f"{MUTANT} transparent I1 *\n")
+    result = run_properties(pytester, "--decoder", MUTANT, "--specaudit-xfails", str(only_i1))
+    assert result.ret == 1 and result.parseoutcomes().get("failed", 0) >= 1
+
+
+def test_malformed_known_failures_file_is_a_usage_error(small: pytest.Pytester) -> None:
+    """A known-failures line without four fields stops the run, naming the file and line."""
+    bad = small.makefile(".txt", bad="one two\n")
+    result = small.runpytest_subprocess("-p", "no:cacheprovider", "--specaudit-xfails", str(bad))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "bad.txt:1" in result.stderr.str()
