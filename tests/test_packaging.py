@@ -8,6 +8,7 @@ package is downloaded and this checkout's editable install is not visible there.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,12 +25,12 @@ PLANTED = "specaudit.reference.mutants:rejected_kv_attended"
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
+    """Built from a copy of the sources: a stale build/ folder in the checkout must not leak into it."""
+    source, out = tmp_path_factory.mktemp("source") / "specaudit", tmp_path_factory.mktemp("wheel")
+    skip = shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", "__pycache__", ".hypothesis", "specaudit-*")
+    shutil.copytree(ROOT, source, ignore=skip)
+    build = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out)]
+    subprocess.run([*build, str(source)], check=True, capture_output=True)
     (path,) = out.glob("specaudit-*.whl")
     return path
 
