@@ -4,9 +4,12 @@ For every entry of specaudit.reference.mutants.CATALOG and several seeds, search
 same strategies as the conformance suite) until the first failure, then let Hypothesis
 shrink it and diagnose the minimal case. Records per bug: median examples and seconds to
 the first failure, the slowest seed, shrunk rows, first violated check and signature.
-Writes bench/results/kill_table.json and kill_table.md.
+Each bug is searched on the model its BugInfo names first (`models`: a bug that needs a real
+model, dtype or draft is searched on a tiny real model), unless --model says otherwise.
+Writes bench/results/kill_table.json and kill_table.md; with --only, the named rows replace
+theirs in the existing table and the others are kept.
 
-    python bench/kill_table.py [--seeds 3] [--model transparent] [--max-examples 300]
+    python bench/kill_table.py [--seeds 3] [--model transparent] [--max-examples 300] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from specaudit.search import search
 RESULTS = Path(__file__).parent / "results"
 
 
-def kill(name: str, model: str, seeds: int, max_examples: int) -> dict[str, object]:
+def kill(name: str, model: str, seeds: int, max_examples: int, shrink_budget: int) -> dict[str, object]:
     spec = f"specaudit.reference.mutants:{name}"
-    attempts = [search(spec, model, max_examples=max_examples, seed=seed) for seed in range(seeds)]
+    attempts = [
+        search(spec, model, max_examples=max_examples, seed=seed, shrink_budget=shrink_budget) for seed in range(seeds)
+    ]
     found = [a for a in attempts if a.found]
     row: dict[str, object] = {"bug": name, "model": model, "seeds": seeds, "caught": len(found)}
     if not found:
@@ -48,16 +53,16 @@ def kill(name: str, model: str, seeds: int, max_examples: int) -> dict[str, obje
 
 def markdown(rows: list[dict[str, object]]) -> str:
     lines = [
-        "| planted bug | caught | examples to first failure (median) | seconds to first failure (median / slowest) "
-        "| shrunk rows | first check | signature |",
-        "|---|---|---|---|---|---|---|",
+        "| planted bug | model | caught | examples to first failure (median) "
+        "| seconds to first failure (median / slowest) | shrunk rows | first check | signature |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if not r["caught"]:
-            lines.append(f"| {r['bug']} | 0/{r['seeds']} | - | - | - | - | - |")
+            lines.append(f"| {r['bug']} | {r['model']} | 0/{r['seeds']} | - | - | - | - | - |")
             continue
         lines.append(
-            f"| {r['bug']} | {r['caught']}/{r['seeds']} | {r['examples_median']} | "
+            f"| {r['bug']} | {r['model']} | {r['caught']}/{r['seeds']} | {r['examples_median']} | "
             f"{r['seconds_median']} / {r['seconds_slowest']} | {r['shrunk_rows']} | {r['first_check']} | "
             f"{r['signature']} |"
         )
@@ -67,19 +72,27 @@ def markdown(rows: list[dict[str, object]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--model", default="transparent")
+    parser.add_argument("--model", default=None, help="search every bug on this model (default: its BugInfo's)")
     parser.add_argument("--max-examples", type=int, default=300)
+    parser.add_argument("--shrink-budget", type=int, default=150, help="decoder runs for shrinking a failure")
     parser.add_argument("--only", nargs="*", default=None, help="restrict to these catalog names")
     args = parser.parse_args()
-    rows = []
-    for name in args.only or list(CATALOG):
-        row = kill(name, args.model, args.seeds, args.max_examples)
-        print(json.dumps({k: v for k, v in row.items() if k != "minimal_case"}), flush=True)
-        rows.append(row)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = "kill_table" if args.model == "transparent" else f"kill_table_{args.model}"
-    (RESULTS / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    header = f"Model {args.model}, {args.seeds} seeds, at most {args.max_examples} examples per search.\n\n"
+    stem = "kill_table" if args.model in (None, "transparent") else f"kill_table_{args.model}"
+    path = RESULTS / f"{stem}.json"
+    kept = {r["bug"]: r for r in json.loads(path.read_text())} if args.only and path.exists() else {}
+    for name in args.only or list(CATALOG):
+        model = args.model or CATALOG[name].bug.models[0]
+        row = kill(name, model, args.seeds, args.max_examples, args.shrink_budget)
+        print(json.dumps({k: v for k, v in row.items() if k != "minimal_case"}), flush=True)
+        kept[name] = row
+    rows = [kept[name] for name in CATALOG if name in kept]
+    for row in rows:
+        row.setdefault("model", "transparent")  # rows recorded before the table named its model
+    path.write_text(json.dumps(rows, indent=1) + "\n")
+    where = args.model or "each bug's first BugInfo model"
+    header = f"Model: {where}; {args.seeds} seeds, at most {args.max_examples} examples per search"
+    header += " (rows kept from an earlier table keep their own seeds: see caught).\n\n" if args.only else ".\n\n"
     (RESULTS / f"{stem}.md").write_text(header + markdown(rows))
     print(header + markdown(rows))
 

@@ -9,11 +9,27 @@ from typing import Any
 
 import torch
 
+from specaudit.errors import UsageError
+
 CASE_FORMAT, CASE_VERSION = "specaudit-case", 1
 
 
-class CaseFormatError(ValueError):
+class CaseFormatError(UsageError, ValueError):
     """A case file that cannot be read as a case; the message says what is wrong where."""
+
+
+def pattern_text(pattern: tuple[bool, ...]) -> str:
+    """An accept pattern as "1101": one character per generated index."""
+    return "".join("1" if a else "0" for a in pattern)
+
+
+def parse_pattern(pattern: str | tuple[bool, ...] | list[bool]) -> tuple[bool, ...]:
+    """An accept pattern from its "1101" text or any sequence of flags."""
+    if isinstance(pattern, str):
+        if set(pattern) - {"0", "1"}:
+            raise ValueError(f'an accept pattern is written with 0 and 1, got "{pattern}"')
+        return tuple(c == "1" for c in pattern)
+    return tuple(bool(a) for a in pattern)
 
 
 @dataclass(frozen=True)
@@ -37,6 +53,9 @@ class Case:
     dtype: str = "float64"
 
     def __post_init__(self) -> None:
+        # Lists and "1101" strings are accepted so that `eval(repr(case)) == case`; stored as tuples.
+        object.__setattr__(self, "prompts", tuple(tuple(int(t) for t in p) for p in self.prompts))
+        object.__setattr__(self, "accept", tuple(parse_pattern(a) for a in self.accept))
         if len(self.prompts) != len(self.accept) or not self.prompts:
             raise ValueError("a case needs one accept pattern per prompt and at least one row")
         if any(len(p) == 0 for p in self.prompts):
@@ -63,12 +82,14 @@ class Case:
         return torch.tensor(ids), torch.tensor(mask)
 
     def __repr__(self) -> str:
-        patterns = ["".join("1" if a else "0" for a in pattern) for pattern in self.accept]
+        """Evaluable with `Case` in scope, so a found case can be pinned with `@example(case=...)`;
+        accept patterns are written as "1101" strings, which the constructor reads back."""
         return (
-            f"Case(model={self.model!r}, draft={self.draft!r}, dtype={self.dtype!r}, K={self.num_draft_tokens}, "
-            f"max_new_tokens={self.max_new_tokens}, eos={self.eos_token_id}, pad={self.pad_token_id}, "
-            f"extra_pad_columns={self.extra_pad_columns}, prompts={[list(p) for p in self.prompts]}, "
-            f"accept={patterns})"
+            f"Case(model={self.model!r}, draft={self.draft!r}, dtype={self.dtype!r}, "
+            f"num_draft_tokens={self.num_draft_tokens}, max_new_tokens={self.max_new_tokens}, "
+            f"eos_token_id={self.eos_token_id}, pad_token_id={self.pad_token_id}, "
+            f"extra_pad_columns={self.extra_pad_columns}, prompts={self.prompts!r}, "
+            f"accept={tuple(pattern_text(a) for a in self.accept)!r})"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -77,8 +98,7 @@ class Case:
             "format": CASE_FORMAT,
             "version": CASE_VERSION,
             "requests": [
-                {"prompt": list(p), "accept": "".join("1" if a else "0" for a in pattern)}
-                for p, pattern in zip(self.prompts, self.accept)
+                {"prompt": list(p), "accept": pattern_text(pattern)} for p, pattern in zip(self.prompts, self.accept)
             ],
             "padding": {"pad_token_id": self.pad_token_id, "extra_pad_columns": self.extra_pad_columns},
             "num_draft_tokens": self.num_draft_tokens,

@@ -15,10 +15,43 @@ from transformers import DynamicCache
 
 
 def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per-layer (keys, values), each [B, H, S, D], read by either API generation."""
+    """Per-layer (keys, values), each [B, H, S, D], read by either API generation (or a legacy tuple).
+
+    S is the storage width: a StaticCache's capacity, not its filled length (see `layer_lengths`).
+    """
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    if isinstance(cache, (tuple, list)):
+        return [(layer[0], layer[1]) for layer in cache]
     return list(zip(cache.key_cache, cache.value_cache, strict=True))
+
+
+def layer_lengths(cache: Any) -> tuple[int, ...]:
+    """Filled slots per layer (P): what the model attends and the mask must cover.
+
+    A DynamicCache's filled length is its width; a StaticCache preallocates its capacity and
+    tracks how far it is written (`get_seq_length`), so reading the width would take capacity
+    for length.
+    """
+    if cache is None:
+        return ()
+    if hasattr(cache, "layers"):
+        return tuple(_layer_length(layer) for layer in cache.layers if getattr(layer, "keys", None) is not None)
+    layers = cache_layers(cache)
+    if hasattr(cache, "get_seq_length") and not isinstance(cache, (tuple, list)):  # 4.51-4.55 key_cache lists
+        return tuple(min(int(cache.get_seq_length(i)), int(k.shape[-2])) for i, (k, _) in enumerate(layers))
+    return tuple(int(k.shape[-2]) for k, _ in layers)
+
+
+def _layer_length(layer: Any) -> int:
+    width = int(layer.keys.shape[-2])
+    filled = layer.get_seq_length() if hasattr(layer, "get_seq_length") else width
+    return min(int(filled), width)
+
+
+def filled_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-layer (keys, values) cut to their filled length, each [B, H, P, D]."""
+    return [(k[..., :n, :], v[..., :n, :]) for (k, v), n in zip(cache_layers(cache), layer_lengths(cache))]
 
 
 def set_cache_layers(cache: Any, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -37,11 +70,9 @@ def cache_from_tensors(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCa
 
 
 def cache_length(cache: Any) -> int:
-    """Slots per row (S), 0 for an empty or missing cache."""
-    if cache is None:
-        return 0
-    layers = cache_layers(cache)
-    return int(layers[0][0].shape[-2]) if layers else 0
+    """Filled slots per row (P) of the first layer, 0 for an empty or missing cache."""
+    lengths = layer_lengths(cache)
+    return lengths[0] if lengths else 0
 
 
 def cache_batch_size(cache: Any) -> int | None:
@@ -92,9 +123,12 @@ def call_model(
 
 
 def output_cache(output: Any) -> Any:
-    """The cache a forward returned: `.cache` from 5.24 on (`.past_key_values` warns there)."""
+    """The cache a forward returned: `.cache` from 5.24 on (`.past_key_values` warns there);
+    with `return_dict=False`, the tuple's cache entry."""
     if "cache" in getattr(type(output), "__dataclass_fields__", {}):
         return output.cache
+    if isinstance(output, tuple) and not hasattr(output, "_fields"):
+        return next((x for x in output if hasattr(x, "layers") or hasattr(x, "key_cache")), None)
     return getattr(output, "past_key_values", None)
 
 
@@ -107,8 +141,44 @@ def causal_lm_output(logits: torch.Tensor, cache: Any) -> Any:
 
 
 def cache_from_call(args: tuple, kwargs: dict[str, Any]) -> Any:
-    """The cache object passed to a forward, under either keyword."""
+    """The cache object passed to a forward by keyword, under either name (positional caches:
+    bind the call with `call_arguments` and use `cache_argument`)."""
+    return cache_argument(kwargs)
+
+
+def cache_argument(arguments: dict[str, Any]) -> Any:
+    """The cache among a call's bound arguments, under either name."""
     for key in ("cache", "past_key_values"):
-        if kwargs.get(key) is not None:
-            return kwargs[key]
+        if arguments.get(key) is not None:
+            return arguments[key]
     return None
+
+
+def forward_signature(model: torch.nn.Module) -> inspect.Signature | None:
+    """The signature calls of `model` bind to (decorators followed; None if unreadable)."""
+    try:
+        return inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return None
+
+
+def call_arguments(signature: inspect.Signature | None, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A forward's arguments by parameter name, positional or keyword, `**kwargs` flattened.
+
+    `model(ids, mask, pos, cache)` is as valid a Hugging Face call as the keyword form; a
+    keyword the signature only takes through `**kwargs` (`past_key_values=` on 5.24) keeps
+    its own name. A call that does not bind keeps what can be placed.
+    """
+    if signature is None:
+        return dict(kwargs, **({"input_ids": args[0]} if args else {}))
+    try:
+        bound = signature.bind_partial(*args, **kwargs)
+    except TypeError:
+        return dict(kwargs, **({"input_ids": args[0]} if args else {}))
+    arguments = dict(bound.arguments)
+    for name, param in signature.parameters.items():
+        if param.kind is inspect.Parameter.VAR_KEYWORD and name in arguments:
+            arguments.update(arguments.pop(name))
+        elif param.kind is inspect.Parameter.VAR_POSITIONAL:
+            arguments.pop(name, None)
+    return arguments

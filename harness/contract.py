@@ -7,9 +7,12 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+from specaudit.errors import UsageError
 
 
 class Decoder(Protocol):
@@ -27,17 +30,45 @@ class Decoder(Protocol):
     ) -> list[list[int]]: ...
 
 
-class DecoderLoadError(Exception):
+class DecoderLoadError(UsageError):
     """A `module:attr` spec that does not name a usable decoder."""
 
 
-class ContractError(Exception):
-    """The decoder broke a rule of the contract; `rule` names it."""
+RULES: dict[str, str] = {
+    "generate-returns": "generate() returning within the time limit, without raising",
+    "returns-lists": "a list holding one list of int token ids per row",
+    "one-list-per-row": "one list per input row, in order",
+    "max-new-tokens": "at most max_new_tokens new tokens per row",
+    "ends-at-eos": "a row that ends at its first EOS (included)",
+    "inputs-unchanged": "the caller's input_ids and attention_mask left as they were handed to generate()",
+    "models-unchanged": (
+        "target and draft left as they were handed to generate(): parameters, buffers, config, mode and hooks"
+    ),
+    "unobserved-forward": (
+        "every target forward made through target(...) or its base model's __call__, where the harness's hooks see it"
+    ),
+    "unsupported-input": "target calls with 2-D input_ids, a 2-D attention_mask (or none) and a readable cache",
+}
+"""Each contract rule and what it wants: the `expected` half of a ContractError."""
 
-    def __init__(self, rule: str, detail: str) -> None:
-        super().__init__(f"decoder broke the contract rule '{rule}': {detail}")
+
+class ContractError(Exception):
+    """The decoder broke a rule of the contract: `rule` names it, `found` says what was seen,
+    `expected` what the rule wants (by default its entry in RULES)."""
+
+    def __init__(
+        self, rule: str, found: str, expected: str | None = None, evidence: dict[str, Any] | None = None
+    ) -> None:
         self.rule = rule
-        self.detail = detail
+        self.found = found
+        self.expected = expected or RULES.get(rule, "a run that keeps the decoder contract")
+        self.evidence = dict(evidence or {})
+        super().__init__(f"decoder broke the contract rule '{rule}': {self.detail}")
+
+    @property
+    def detail(self) -> str:
+        """One sentence: what was found and what the rule wants."""
+        return f"got {self.found}, but should be {self.expected}"
 
 
 def load_decoder(spec: str) -> Any:
@@ -115,45 +146,241 @@ def call_decoder(
     pad_token_id: int,
     timeout_s: float = 120.0,
 ) -> list[list[int]]:
-    """Call generate() under the contract; any breach becomes a ContractError naming the rule."""
+    """Call generate() under the contract; any breach becomes a ContractError naming the rule.
+
+    The decoder gets the caller's own tensors, not copies, so writing into them is seen
+    ('inputs-unchanged'); the caller must not need them unchanged afterwards.
+    """
+    ids_before, mask_before = input_ids.clone(), attention_mask.clone()
     try:
         with time_limit(timeout_s):
             out = decoder.generate(
                 target,
                 draft,
-                input_ids.clone(),
-                attention_mask.clone(),
+                input_ids,
+                attention_mask,
                 num_draft_tokens=num_draft_tokens,
                 max_new_tokens=max_new_tokens,
                 eos_token_id=eos_token_id,
                 pad_token_id=pad_token_id,
             )
     except DecoderTimeout as exc:
-        raise ContractError("generate-returns", f"{exc} (a hang or a row that never finishes)") from exc
+        raise ContractError(
+            "generate-returns", f"{exc} (a hang, or a row that never finishes)", evidence={"timeout_s": timeout_s}
+        ) from exc
     except Exception as exc:
-        raise ContractError("generate-returns", f"generate() raised {type(exc).__name__}: {exc}") from exc
-    return validate_output(out, int(input_ids.shape[0]), max_new_tokens, eos_token_id)
+        raise ContractError("generate-returns", f"generate() raising {type(exc).__name__}: {exc}") from exc
+    rows = validate_output(out, int(ids_before.shape[0]), max_new_tokens, eos_token_id)
+    check_inputs_unchanged({"input_ids": (input_ids, ids_before), "attention_mask": (attention_mask, mask_before)})
+    return rows
 
 
 def validate_output(out: Any, batch: int, max_new_tokens: int, eos_token_id: int | None) -> list[list[int]]:
     if isinstance(out, torch.Tensor) or not isinstance(out, (list, tuple)):
-        raise ContractError("returns-lists", f"got {type(out).__name__}, but should be a list of {batch} lists of int")
+        raise ContractError("returns-lists", f"a {type(out).__name__}", f"a list of {batch} lists of int")
     if len(out) != batch:
         raise ContractError(
-            "one-list-per-row", f"got {len(out)} rows, but should be {batch} (one per input row, in order)"
+            "one-list-per-row",
+            _rows(len(out)),
+            f"{_rows(batch)} (one per input row, in order)",
+            {"rows": len(out)},
         )
     rows: list[list[int]] = []
     for r, row in enumerate(out):
         if isinstance(row, torch.Tensor) or not isinstance(row, (list, tuple)):
-            raise ContractError("returns-lists", f"row {r} is a {type(row).__name__}, but should be a list of int")
+            raise ContractError("returns-lists", f"row {r} as a {type(row).__name__}", "a list of int", {"row": r})
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
             bad = next(t for t in row if not isinstance(t, int) or isinstance(t, bool))
             raise ContractError(
-                "returns-lists", f"row {r} holds {type(bad).__name__} {bad!r}, but should hold int token ids"
+                "returns-lists", f"row {r} holding {type(bad).__name__} {bad!r}", "int token ids only", {"row": r}
             )
         if len(row) > max_new_tokens:
-            raise ContractError("max-new-tokens", f"row {r} has {len(row)} new tokens, but at most {max_new_tokens}")
+            raise ContractError(
+                "max-new-tokens",
+                f"row {r} with {len(row)} new tokens",
+                f"at most {max_new_tokens} (max_new_tokens)",
+                {"row": r, "tokens": len(row)},
+            )
         if eos_token_id is not None and eos_token_id in row[:-1]:
-            raise ContractError("ends-at-eos", f"row {r} goes on after EOS at index {list(row).index(eos_token_id)}")
+            index = list(row).index(eos_token_id)
+            raise ContractError(
+                "ends-at-eos",
+                f"row {r} going on after EOS at index {index}",
+                f"the row ending at index {index} (EOS included)",
+                {"row": r, "index": index},
+            )
         rows.append(list(row))
     return rows
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
+# ---------------------------------------------------------------------------------------
+# Side effects: the caller's inputs and the shared models stay as they were handed over
+
+
+def tensor_change(name: str, now: torch.Tensor, before: torch.Tensor) -> str | None:
+    """What changed in a tensor the decoder was handed, or None."""
+    if now.shape != before.shape or now.dtype != before.dtype:
+        shapes = f"{tuple(now.shape)} {now.dtype} (was {tuple(before.shape)} {before.dtype})"
+        return f"{name} of shape {shapes} after generate()"
+    changed = (now != before).nonzero()  # [n, 2]
+    if not changed.numel():
+        return None
+    r, c = changed[0].tolist()
+    return (
+        f"{name}[{r}, {c}] = {now[r, c].item()} after generate() (was {before[r, c].item()}; "
+        f"{changed.shape[0]} entries written)"
+    )
+
+
+def check_inputs_unchanged(tensors: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """'inputs-unchanged': every (tensor after, copy before) pair still equal."""
+    changes = [c for name, (now, before) in tensors.items() if (c := tensor_change(name, now, before))]
+    if changes:
+        raise ContractError("inputs-unchanged", "; ".join(changes), evidence={"changes": changes})
+
+
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+GLOBAL_HOOK_DICTS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_hooks")
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A cheap fingerprint of a model: enough to see that a decoder changed it.
+
+    Per tensor: shape, dtype, device, storage address, version counter and float64 sum (one
+    reduction per tensor, one device sync in all), so replaced tensors, in-place writes and
+    `.data` writes show; plus the config as a dict, the train/eval mode of every module,
+    instance-level `forward` overrides and the keys of every hook dict.
+    """
+
+    tensors: dict[str, tuple[Any, ...]]
+    config: dict[str, Any]
+    training: tuple[str, ...]  # modules in training mode
+    overrides: tuple[str, ...]  # modules with a `forward` of their own instance
+    hooks: dict[tuple[str, str], tuple[int, ...]]  # (module, hook dict) -> hook ids
+
+
+def model_state(model: torch.nn.Module) -> ModelState:
+    named = [(f"parameter {n}", t) for n, t in model.named_parameters(remove_duplicate=False)]
+    named += [(f"buffer {n}", t) for n, t in model.named_buffers(remove_duplicate=False)]
+    with torch.no_grad():
+        sums = torch.stack([_tensor_sum(t) for _, t in named]).tolist() if named else []
+    tensors = {
+        name: (tuple(t.shape), str(t.dtype), str(t.device), t.data_ptr(), _version(t), total)
+        for (name, t), total in zip(named, sums)
+    }
+    modules = list(model.named_modules(remove_duplicate=False))
+    config = getattr(model, "config", None)
+    return ModelState(
+        tensors,
+        _config_dict(config),
+        tuple(name or "<model>" for name, m in modules if m.training),
+        tuple(name or "<model>" for name, m in modules if "forward" in vars(m)),
+        {(name or "<model>", d): tuple(getattr(m, d, {})) for name, m in modules for d in HOOK_DICTS},
+    )
+
+
+def _tensor_sum(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return (t.double() if t.is_complex() or t.dtype == torch.bool else t).sum(dtype=torch.float64).cpu()
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return int(t._version)
+    except RuntimeError:  # inference tensors keep no version counter
+        return -1
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    try:
+        return config.to_dict()
+    except Exception:
+        return dict(vars(config))
+
+
+def model_changes(role: str, before: ModelState, model: torch.nn.Module) -> list[str]:
+    """What differs between `before` and the model now, one phrase per kind of change."""
+    after = model_state(model)
+    out: list[str] = []
+    for name in sorted(before.tensors.keys() | after.tensors.keys()):
+        was, now = before.tensors.get(name), after.tensors.get(name)
+        if was != now and not (was and now and was[:5] == now[:5] and _same_sum(was[5], now[5])):
+            kind, _, path = name.partition(" ")
+            out.append(f"{kind} {_where(role, path)} {_tensor_difference(was, now)}")
+    for key in sorted(before.config.keys() | after.config.keys()):
+        was, now = before.config.get(key, "<unset>"), after.config.get(key, "<unset>")
+        if was != now:
+            out.append(f"{role}.config.{key} = {now!r} (was {was!r})")
+    if before.training != after.training:
+        out.append(f"{role} modules in training mode: {list(after.training)} (were {list(before.training)})")
+    if before.overrides != after.overrides:
+        out.append(f"{role} forward replaced on the instance of {list(after.overrides)} (was {list(before.overrides)})")
+    for (module, kind), ids in after.hooks.items():
+        extra = set(ids) - set(before.hooks.get((module, kind), ()))
+        if extra:
+            what = kind.strip("_").replace("_", " ")[:-1]
+            out.append(f"{len(extra)} {what}{'s' if len(extra) > 1 else ''} left on {_where(role, module)}")
+    return out
+
+
+def _where(role: str, path: str) -> str:
+    return role if path in ("", "<model>") else f"{role}.{path}"
+
+
+def _same_sum(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)  # NaN sums compare equal to themselves
+
+
+def _tensor_difference(was: tuple[Any, ...] | None, now: tuple[Any, ...] | None) -> str:
+    if was is None:
+        return "added"
+    if now is None:
+        return "removed"
+    if was[:3] != now[:3]:
+        return f"now {list(now[0])} {now[1]} on {now[2]} (was {list(was[0])} {was[1]} on {was[2]})"
+    if was[3] != now[3]:
+        return "replaced by another tensor"
+    return f"written in place (sum {now[5]:.6g}, was {was[5]:.6g})"
+
+
+def remove_new_hooks(before: ModelState, model: torch.nn.Module) -> int:
+    """Remove every hook the decoder left on `model` (so later runs see the model as built)."""
+    removed = 0
+    for name, module in model.named_modules(remove_duplicate=False):
+        for kind in HOOK_DICTS:
+            hooks = getattr(module, kind, None)
+            if not hooks:
+                continue
+            for hook_id in set(hooks) - set(before.hooks.get((name or "<model>", kind), ())):
+                del hooks[hook_id]
+                removed += 1
+    return removed
+
+
+def global_hooks() -> dict[str, tuple[int, ...]]:
+    """Ids of torch's global module hooks, which act on every model in the process."""
+    from torch.nn.modules import module
+
+    return {kind: tuple(getattr(module, kind, {})) for kind in GLOBAL_HOOK_DICTS}
+
+
+def global_hook_changes(before: dict[str, tuple[int, ...]]) -> list[str]:
+    """Describe and remove global hooks registered since `before`."""
+    from torch.nn.modules import module
+
+    out = []
+    for kind, ids in before.items():
+        hooks = getattr(module, kind, {})
+        extra = set(hooks) - set(ids)
+        for hook_id in extra:
+            del hooks[hook_id]
+        if extra:
+            out.append(f"{len(extra)} global {kind.strip('_').replace('_', ' ')[7:-1]} left registered")
+    return out

@@ -7,7 +7,9 @@ Two layers:
 - `minimize_case(decoder_spec, case)`: ddmin and small scans applied to a `Case`, stage by
   stage, keeping the *same failure class*: the (first violated check, signature) pair of
   `specaudit.diagnosis.diagnose` on the original case. A candidate that fails differently (a
-  contract break where there was an I2 violation, say) does not count as reproducing.
+  contract break where there was an I2 violation, say) does not count as reproducing. With
+  `counts` (the gate's "not a known failure"), a candidate must also keep a violation that
+  counts, so a case never shrinks into one that shows only known failures.
 
 Stages, in order, repeated until a whole pass changes nothing (or the budget runs out):
 
@@ -43,12 +45,16 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from specaudit.case import Case
+from specaudit.contract import load_decoder
 from specaudit.diagnosis import Diagnosis, diagnose
 from specaudit.runner import Run, run_case
+from specaudit.settings import DEFAULT_MINIMIZE_BUDGET
+from specaudit.strategies import ambiguous
+from specaudit.violation import Violation
 
 T = TypeVar("T")
 
-DEFAULT_BUDGET = 500
+DEFAULT_BUDGET = DEFAULT_MINIMIZE_BUDGET
 """Decoder runs `minimize_case` may spend; then it returns the smallest failing case so far."""
 
 
@@ -194,13 +200,13 @@ class CaseMinimizer:
         factory: Any = None,
         budget: int = DEFAULT_BUDGET,
         runner: Callable[[Case], Run] | None = None,
+        counts: Callable[[Violation], bool] | None = None,
     ) -> None:
-        from specaudit.contract import load_decoder
-
         if runner is None:
             factory = factory or load_decoder(decoder_spec)
             runner = lambda c: run_case(decoder_spec, c, factory=factory)  # noqa: E731
         self.runner = runner
+        self.counts = counts
         self.budget = budget
         self.runs = 0
         self.candidates = 0
@@ -210,7 +216,7 @@ class CaseMinimizer:
         self.original = case
         first = self.diagnose(case)
         self.target = failure_class(first)
-        self.failing = not first.passed
+        self.failing = self.reproduces(first)
         self.check_ambiguity = case.draft == "scripted" and not _ambiguous(case)
 
     def diagnose(self, case: Case) -> Diagnosis:
@@ -241,8 +247,15 @@ class CaseMinimizer:
         except Exception:  # a candidate the harness cannot run does not reproduce anything
             self.results[case] = False
             return False
-        self.results[case] = result = (not d.passed) and failure_class(d) == self.target
+        self.results[case] = result = self.reproduces(d)
         return result
+
+    def reproduces(self, d: Diagnosis) -> bool:
+        """Fails in the original's class, with at least one violation that `counts` (one that
+        is not a known failure, when the caller tolerates some)."""
+        if d.passed or failure_class(d) != self.target:
+            return False
+        return self.counts is None or any(self.counts(v) for v in d.violations)
 
 
 def failure_class(d: Diagnosis) -> tuple[str | None, ...]:
@@ -254,8 +267,6 @@ def failure_class(d: Diagnosis) -> tuple[str | None, ...]:
 
 
 def _ambiguous(case: Case) -> bool:
-    from specaudit.strategies import ambiguous
-
     try:
         return ambiguous(case.model, case.dtype, set(case.prompts), case.horizon)
     except Exception:
@@ -379,16 +390,19 @@ def minimize_case(
     budget: int = DEFAULT_BUDGET,
     *,
     runner: Callable[[Case], Run] | None = None,
+    counts: Callable[[Violation], bool] | None = None,
     max_passes: int = 4,
 ) -> MinimizeResult:
     """Shrink a failing `case` for `decoder_spec`, keeping its failure class.
 
     `budget` caps the decoder runs (the original's included); `runner` replaces
-    `run_case(decoder_spec, case, factory=factory)`, for cases the built-in models cannot run.
+    `run_case(decoder_spec, case, factory=factory)`, for cases the built-in models cannot run;
+    `counts` (default: every violation) says which violations a candidate must keep at least
+    one of, so a shrunk case never fails only through known failures.
     Raises CasePasses (a ValueError) if the case does not fail at all.
     """
     start = time.perf_counter()
-    m = CaseMinimizer(decoder_spec, case, factory=factory, budget=budget, runner=runner)
+    m = CaseMinimizer(decoder_spec, case, factory=factory, budget=budget, runner=runner, counts=counts)
     if not m.failing:
         raise CasePasses(f"the case passes every check for {decoder_spec}: nothing to minimize")
     m.results[case] = True

@@ -110,10 +110,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
         return
     path = write_reproducer(item.config.getoption("specaudit_out"), item.nodeid, failure)
     report.sections.append(("specaudit", f"reproducer written to {path}"))
+    failed, tries = replay(failure)
+    if failed < tries:  # a verdict of its own: what fails only sometimes cannot be known-failed either
+        report.sections.append(
+            (
+                "specaudit",
+                f"nondeterministic decoder: the failing case failed again in {failed} of {tries} fresh runs; "
+                f"reproducer {path}",
+            )
+        )
+        return
     known = known_failure(item, failure)
     if known is not None:  # every violation is listed: reported as xfail, like pytest's own xfail
         report.outcome = "skipped"
         report.wasxfail = f"known failure ({known}); reproducer {path}"
+
+
+def replay(failure: dict, tries: int = 3) -> tuple[int, int]:
+    """How often the failing case fails again, run afresh `tries` times."""
+    from specaudit.case import Case
+    from specaudit.registry import replay_failures
+
+    return replay_failures(failure["decoder"], Case.from_json(failure["case"]), n=tries), tries
 
 
 def known_failure(item: pytest.Item, failure: dict) -> str | None:

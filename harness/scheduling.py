@@ -1,71 +1,124 @@
 """Scheduler checks: liveness, no realignment for grouped batches, order independence.
 
-All observed through the instrumentation (which rows each target call holds, and what its
-cache slots hold), never taken from the decoder's account of itself.
+Liveness counts queue time too: a request's wait runs from the start of `generate` to its
+first target call, and then between two of its calls. All observed through the
+instrumentation (which rows each target call holds, and what its cache slots hold), never
+taken from the decoder's account of itself.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
 
 import torch
 
 from specaudit.case import Case
 from specaudit.checks import RowView, row_views
+from specaudit.contract import load_decoder
 from specaudit.fixtures.pairs import DTYPES, KV_TOLERANCE, is_exact
 from specaudit.instrument import CallRecord
-from specaudit.runner import Run
+from specaudit.runner import Run, run_case
 from specaudit.violation import Violation
 
 
-def _calls_by_prompt(run: Run) -> dict[tuple[int, ...], list[tuple[int, bool]]]:
-    """Target calls including each distinct prompt, and whether a row of it was already under
-    way (attended past beyond the prompt) rather than just admitted. Duplicates cannot be told
-    apart by content, so waits are measured per distinct prompt."""
-    calls: dict[tuple[int, ...], dict[int, bool]] = {}
+def calls_by_request(run: Run) -> dict[int, list[int]]:
+    """Per request of the case, the target calls that include it, in order. Rows are bound to
+    requests by construction (`specaudit.checks.rows`), so duplicate prompts are told apart."""
+    calls: dict[int, set[int]] = {}
     for view in row_views(run)[0]:
-        prompt = run.case.prompts[view.request]
-        seen = calls.setdefault(prompt, {})
-        seen[view.call] = seen.get(view.call, False) or view.past >= len(prompt)
-    return {prompt: sorted(seen.items()) for prompt, seen in calls.items()}
+        calls.setdefault(view.request, set()).add(view.call)
+    return {request: sorted(seen) for request, seen in sorted(calls.items())}
+
+
+def declared_bound(run: Run) -> int | None:
+    """The decoder's `max_wait_calls`, read from the object that ran (None: no bound declared)."""
+    bound = getattr(run.instance, "max_wait_calls", None)
+    return None if bound is None else int(bound)
 
 
 def check_liveness(run: Run, max_wait_calls: int | None) -> list[Violation]:
     """Every request finishes (EOS or the limit); with a stated bound, no request waits longer.
 
-    The wait is the number of other target calls between two calls that include a request
-    already under way; time spent queued before admission is not a wait.
+    A wait is counted in other target calls: from the start of `generate` to the request's
+    first target call (queue time), and between two of its calls once it is under way.
     """
     if run.outputs is None:
         return []
-    violations = []
-    for r, tokens in enumerate(run.outputs):
-        done = len(tokens) >= run.case.max_new_tokens or (tokens and tokens[-1] == run.case.eos_token_id)
-        if not done:
-            violations.append(
-                Violation(
-                    "liveness",
-                    "request-finishes",
-                    f"{len(tokens)} tokens without EOS",
-                    f"EOS or {run.case.max_new_tokens} tokens",
-                    row=r,
-                    request=r,
-                )
-            )
+    violations = [unfinished(run, r) for r, tokens in enumerate(run.outputs) if not finished(run, tokens)]
     if max_wait_calls is None:
         return violations
-    for prompt, calls in _calls_by_prompt(run).items():
-        for (before, _), (after, under_way) in zip(calls, calls[1:]):
-            if under_way and after - before - 1 > max_wait_calls:
-                violations.append(
-                    Violation(
-                        "liveness",
-                        "bounded-wait",
-                        f"{after - before - 1} target calls without prompt {list(prompt)[:8]} between calls "
-                        f"{before} and {after}",
-                        f"at most {max_wait_calls} (the decoder's max_wait_calls)",
-                        call=after,
-                    )
-                )
+    by_request = calls_by_request(run)
+    capacity = getattr(run.instance, "max_batch_size", None)
+    for request, calls in by_request.items():
+        violations += queue_wait(request, calls, max_wait_calls, queued_calls(by_request, calls, capacity))
+        violations += gaps_between_calls(request, calls, max_wait_calls)
     return violations
+
+
+def queued_calls(by_request: dict[int, list[int]], calls: list[int], capacity: int | None) -> int:
+    """Target calls before the request's first one that count as waiting: all of them, or, for a
+    decoder declaring `max_batch_size`, those made while fewer than that many requests were
+    under way (between their first and last call): a full decoder may keep a request queued."""
+    if not calls:
+        return 0
+    if capacity is None:
+        return calls[0]
+    spans = [(c[0], c[-1]) for c in by_request.values() if c]
+    return sum(1 for c in range(calls[0]) if sum(first <= c <= last for first, last in spans) < capacity)
+
+
+def finished(run: Run, tokens: list[int]) -> bool:
+    eos = run.case.eos_token_id
+    return len(tokens) >= run.case.max_new_tokens or bool(tokens and eos is not None and tokens[-1] == eos)
+
+
+def unfinished(run: Run, r: int) -> Violation:
+    tokens = run.outputs[r] if run.outputs is not None else []
+    return Violation(
+        "liveness",
+        "request-finishes",
+        f"{len(tokens)} tokens without EOS",
+        f"EOS or {run.case.max_new_tokens} tokens",
+        row=r,
+        request=r,
+        evidence={"tokens": len(tokens), "max_new_tokens": run.case.max_new_tokens},
+    )
+
+
+def queue_wait(request: int, calls: list[int], bound: int, waited: int) -> list[Violation]:
+    """A request first served in target call c waited `waited` of the c calls before it."""
+    if not calls or waited <= bound:
+        return []
+    first = calls[0]
+    return [
+        Violation(
+            "liveness",
+            "bounded-queue",
+            f"{waited} target calls with room before request {request} first took part (in target call {first})",
+            f"at most {bound} (the decoder's max_wait_calls), counted from the start of generate",
+            call=first,
+            request=request,
+            evidence={"wait": waited, "since": None, "bound": bound},
+        )
+    ]
+
+
+def gaps_between_calls(request: int, calls: list[int], bound: int) -> list[Violation]:
+    """Other target calls between two consecutive calls that include the request."""
+    return [
+        Violation(
+            "liveness",
+            "bounded-wait",
+            f"{after - before - 1} target calls without request {request} between calls {before} and {after}",
+            f"at most {bound} (the decoder's max_wait_calls)",
+            call=after,
+            request=request,
+            evidence={"wait": after - before - 1, "since": before, "bound": bound},
+        )
+        for before, after in zip(calls, calls[1:])
+        if after - before - 1 > bound
+    ]
 
 
 def is_grouped(run: Run, call: int) -> bool:
@@ -73,6 +126,17 @@ def is_grouped(run: Run, call: int) -> bool:
     record = run.recording.target_calls[call]
     mask = record.attention_mask
     return mask is not None and bool((mask == 1).all())
+
+
+def grouped_pairs(run: Run) -> list[tuple[RowView, RowView]]:
+    """Consecutive views of one request, (earlier, later), where both target calls are grouped."""
+    last: dict[int, RowView] = {}
+    pairs = []
+    for view in row_views(run)[0]:
+        previous, last[view.request] = last.get(view.request), view
+        if previous is not None and is_grouped(run, previous.call) and is_grouped(run, view.call):
+            pairs.append((previous, view))
+    return pairs
 
 
 def check_grouped_no_realignment(run: Run) -> list[Violation]:
@@ -83,12 +147,8 @@ def check_grouped_no_realignment(run: Run) -> list[Violation]:
         return []
     calls = run.recording.target_calls
     rtol, atol = (0.0, 0.0) if is_exact(run.case.model) else KV_TOLERANCE[DTYPES[run.case.dtype]]
-    last: dict[int, RowView] = {}
     violations = []
-    for view in row_views(run)[0]:
-        previous, last[view.request] = last.get(view.request), view
-        if previous is None or not (is_grouped(run, previous.call) and is_grouped(run, view.call)):
-            continue
+    for previous, view in grouped_pairs(run):
         moved = first_moved_slot(calls[view.call], view.row, calls[previous.call], previous.row, rtol, atol)
         if moved is not None:
             violations.append(
@@ -101,6 +161,7 @@ def check_grouped_no_realignment(run: Run) -> list[Violation]:
                     row=view.row,
                     slot=moved,
                     request=view.request,
+                    evidence={"since": previous.call, "slot": moved},
                 )
             )
     return violations
@@ -126,25 +187,56 @@ def first_moved_slot(
 
 
 def permuted(case: Case, order: list[int]) -> Case:
-    """The same requests in another pool order."""
-    return Case(
-        tuple(case.prompts[i] for i in order),
-        tuple(case.accept[i] for i in order),
-        case.num_draft_tokens,
-        case.max_new_tokens,
-        case.eos_token_id,
-        case.pad_token_id,
-        case.extra_pad_columns,
-        case.model,
-        case.draft,
-        case.dtype,
-    )
+    """The same requests in another pool order: row i of the result is request order[i]."""
+    return replace(case, prompts=tuple(case.prompts[i] for i in order), accept=tuple(case.accept[i] for i in order))
+
+
+def rotation(batch: int) -> list[int]:
+    """The registry's permutation: row i holds request i + 1 (mod B), so every request moves.
+
+    A reversal would not do: it commutes with a decoder that returns its rows reversed.
+    """
+    return [(i + 1) % batch for i in range(batch)]
+
+
+def decoder_factory(run: Run) -> Any:
+    """What made the decoder of `run`, to run it again: the factory the run kept, else its spec."""
+    factory = getattr(run, "factory", None)
+    return factory if factory is not None else load_decoder(run.decoder)
+
+
+def permuted_run(run: Run) -> tuple[list[int], Run]:
+    """The same decoder on the case in rotated order; run once and kept in `run.memo`."""
+    if "permuted-run" not in run.memo:
+        order = rotation(run.case.batch_size)
+        other = run_case(run.decoder, permuted(run.case, order), factory=decoder_factory(run))
+        run.memo["permuted-run"] = (order, other)
+    return run.memo["permuted-run"]
+
+
+def order_independence(run: Run) -> list[Violation]:
+    """The registry's check: the case again in rotated order, compared row by row."""
+    if run.outputs is None or run.case.batch_size < 2:
+        return []
+    order, other = permuted_run(run)
+    return check_order_independence(run, other, order)
 
 
 def check_order_independence(run: Run, other: Run, order: list[int]) -> list[Violation]:
     """Row i of the permuted run must equal row order[i] of the original run."""
-    if run.outputs is None or other.outputs is None:
+    if run.outputs is None:
         return []
+    if other.outputs is None:
+        assert other.error is not None
+        return [
+            Violation(
+                "order-independence",
+                "keeps-contract",
+                f"the run in pool order {order} breaking the contract rule '{other.error.rule}': {other.error.detail}",
+                "the same outputs, permuted",
+                evidence={"order": list(order), "rule": other.error.rule},
+            )
+        ]
     violations = []
     for i, source in enumerate(order):
         if other.outputs[i] != run.outputs[source]:
@@ -152,10 +244,11 @@ def check_order_independence(run: Run, other: Run, order: list[int]) -> list[Vio
                 Violation(
                     "order-independence",
                     "same-output",
-                    f"{other.outputs[i]} for request {source} placed at row {i}",
+                    f"{other.outputs[i]} for request {source} placed at row {i} (pool order {order})",
                     f"{run.outputs[source]} as in the original order",
                     row=i,
                     request=source,
+                    evidence={"order": list(order), "found": other.outputs[i], "expected": run.outputs[source]},
                 )
             )
     return violations

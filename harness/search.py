@@ -12,9 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hseed
+from hypothesis import strategies as st
+
 from specaudit.case import Case
-from specaudit.diagnosis import all_violations
+from specaudit.contract import load_decoder
+from specaudit.ddmin import minimize_case
+from specaudit.registry import all_violations
 from specaudit.runner import Run, run_case
+from specaudit.strategies import cases
+from specaudit.violation import Violation
 
 
 @dataclass
@@ -46,20 +54,18 @@ def search(
     shrink_budget: int = 150,
     minimize_budget: int = 150,
     on_run: Callable[[Run], None] | None = None,
+    counts: Callable[[Violation], bool] | None = None,
 ) -> SearchResult:
     """Run generated cases until one fails a check (or the budget ends), then shrink it.
 
+    A case fails when it has a violation that `counts` (default: any violation; the gate
+    passes "not a known failure", so a known failure never stops the search and a new one
+    cannot hide behind it). `on_run` sees every run up to and including the first failure.
     After the first failure the shrinker gets `shrink_budget` more decoder runs; past that,
-    untried cases count as passing (known failures still fail, so replays stay reliable), and
-    the smallest failure found is delta-debugged with up to `minimize_budget` more runs.
+    untried cases count as passing (failures already seen still fail, so replays stay
+    reliable), and the smallest failure found is delta-debugged with up to `minimize_budget`
+    more runs, keeping a violation that counts.
     """
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hseed
-    from hypothesis import strategies as st
-
-    from specaudit.contract import load_decoder
-    from specaudit.strategies import cases
-
     factory = factory or load_decoder(spec)
     result = SearchResult()
     failing: set[Case] = set()
@@ -88,7 +94,7 @@ def search(
             result.examples += 1
             if on_run is not None:
                 on_run(run)
-        if all_violations(run):
+        if any(counts is None or counts(v) for v in all_violations(run)):
             if result.seconds_to_first is None:
                 result.seconds_to_first = time.perf_counter() - start
             failing.add(case)
@@ -99,8 +105,6 @@ def search(
     except _Failed as failed:  # Hypothesis re-raises the minimal case's failure last
         result.minimal = failed.case
     if result.minimal is not None and minimize_budget > 0:
-        from specaudit.ddmin import minimize_case
-
-        result.minimal = minimize_case(spec, result.minimal, factory, budget=minimize_budget).case
+        result.minimal = minimize_case(spec, result.minimal, factory, budget=minimize_budget, counts=counts).case
     result.seconds = time.perf_counter() - start
     return result

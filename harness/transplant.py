@@ -33,7 +33,7 @@ points as possible (`Transplant.stops_reproduced` says how many).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import count
 
 from specaudit.case import Case
@@ -251,17 +251,15 @@ def transplant(run: Run, *, vocab: int = VOCAB_SIZE) -> Transplant:
     eos, reproduced = choose_eos(images, run, horizon)
     if reproduced < len(images):
         notes.append(f"{len(images) - reproduced} row(s) stop at another point than in the source run")
-    case = Case(
-        images,
-        tuple(patterns[i] for i in images),
-        source.num_draft_tokens,
-        source.max_new_tokens,
-        eos,
-        source.pad_token_id % vocab,
-        source.extra_pad_columns,
-        "transparent",
-        "scripted",
-        "float64",
+    case = replace(  # same K, max_new_tokens and padding columns; prompts, schedule and models moved
+        source,
+        prompts=images,
+        accept=tuple(patterns[i] for i in images),
+        eos_token_id=eos,
+        pad_token_id=source.pad_token_id % vocab,
+        model="transparent",
+        draft="scripted",
+        dtype="float64",
     )
     return Transplant(case, source, tuple(rounds), reproduced, tuple(notes))
 

@@ -82,6 +82,11 @@ class ExSpec(EqSpec):
         self.fallback_rounds = 0
 
     @property
+    def max_batch_size(self) -> int:
+        """Requests under way at once: the window (a request beyond it queues until a row frees up)."""
+        return self.window
+
+    @property
     def max_wait_calls(self) -> int:
         """Target calls that can pass between two calls including one request: up to
         max_wait rounds left out, plus the rounds forced sequences ahead of it take, each

@@ -20,11 +20,14 @@ Signatures:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from transformers import DynamicCache
 
-from specaudit.compat import cache_layers, select_rows, set_cache_layers
-from specaudit.reference.eqspec import BatchState, EqSpec
+from specaudit.compat import cache_keyword, cache_layers, call_model, output_cache, select_rows, set_cache_layers
+from specaudit.reference.eqspec import BatchState, EqSpec, left_pad_positions
+from specaudit.registry import CHECK_ORDER, SIGNATURES  # noqa: F401  (BugInfo's names; tests/test_mutants.py checks them)
 
 
 @dataclass(frozen=True)
@@ -36,10 +39,8 @@ class BugInfo:
     output_equivalent: bool  # True if only an invariant or token preservation can catch it
     visible_at_batch_1: bool  # True if it fails even with a single row
     needs_padding: bool = False  # at batch size 1 only with extra pad columns: its smallest case may use a 2nd row
-
-
-SIGNATURES = ("position-id", "kv-drift", "bonus", "output-equivalent", "bookkeeping", "contract")
-CHECK_ORDER = ("contract", "I1", "I2", "equivalence", "token-preservation")
+    models: tuple[str, ...] = ("transparent",)  # where tests/test_mutants.py searches for it (the first one)
+    min_rows: int = 0  # rows its smallest failing case needs; 0: 1 or 2, as visible_at_batch_1 and needs_padding say
 
 
 # ---------------------------------------------------------------------------------------
@@ -249,7 +250,7 @@ class KvCroppedToMinAcceptance(EqSpec):
     """
 
     name = "kv_cropped_to_min_acceptance"
-    bug = BugInfo("KV cropped to the batch's minimum acceptance", "DSD", "kv-drift", "equivalence", False, False)
+    bug = BugInfo("KV cropped to the batch's minimum acceptance", "DSD", "kv-drift", "I2", False, False)
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
@@ -328,7 +329,7 @@ class CacheRowsPermuted(EqSpec):
     """
 
     name = "cache_rows_permuted"
-    bug = BugInfo("cache rows permuted relative to sequences", "—", "bookkeeping", "equivalence", False, False)
+    bug = BugInfo("cache rows permuted relative to sequences", "—", "kv-drift", "I2", False, False)
 
     @staticmethod
     def gather_rows(
@@ -566,6 +567,113 @@ class MaxNewTokensOverrun(EqSpec):
         )
 
 
+# ---------------------------------------------------------------------------------------
+# Scale, dtype and draft: bugs only the larger generated space reaches
+
+
+class RowBufferOf16(EqSpec):
+    """Each round's bonus tokens are staged in a buffer of 16 rows (a serving default's max
+    batch size) and copied into the next round's inputs; rows past 16 keep the zero the fresh
+    input tensor was allocated with (—).
+
+    Exact for up to 16 running rows; with more, row 17 onwards continues from token 0 instead
+    of its bonus. Needs 17 rows still running after a round.
+    """
+
+    name = "row_buffer_of_16"
+    bug = BugInfo("fixed-size per-row buffer (16 rows)", "—", "kv-drift", "I2", False, False, min_rows=17)
+    capacity = 16
+
+    def realign(
+        self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
+    ) -> BatchState:
+        pending = bonus.new_zeros(bonus.shape)  # [B], fresh
+        pending[: self.capacity] = bonus[: self.capacity]  # only the buffer's 16 rows are copied
+        return super().realign(state, accepted, pending, k, finished)
+
+
+class PositionsWrapAt256(EqSpec):
+    """Position ids of the rounds held in a uint8 buffer, so they wrap at 256 (—).
+
+    The prefill's positions are right; every round's are taken modulo 256. Exact while a row
+    is shorter than 256 tokens, wrong from position 256 on, like a cache with a fixed
+    position capacity.
+    """
+
+    name = "positions_wrap_at_256"
+    bug = BugInfo("position ids wrap at 256", "—", "position-id", "I2", False, True)
+
+    def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
+        return super().positions(state, mask, width, role).to(torch.uint8).long()  # [B, width], modulo 256
+
+
+class PositionsInModelDtype(EqSpec):
+    """Position ids of the rounds computed in the model's dtype and cast back (—).
+
+    Exact in float64 and in float32 below 2^24; in bfloat16 (8 significant bits) every
+    position above 256 that is not a multiple of 2 rounds to a neighbour, so two tokens share a
+    position or a position is skipped. Needs a tiny real model in bfloat16 and a row past
+    position 256.
+    """
+
+    name = "positions_in_model_dtype"
+    bug = BugInfo(
+        "position ids computed in the model's dtype", "—", "position-id", "I2", False, True, models=("llama",)
+    )
+
+    def prefill(
+        self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[BatchState, torch.Tensor]:
+        self.position_dtype = next(target.parameters()).dtype
+        return super().prefill(target, draft, input_ids, attention_mask)
+
+    def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
+        return super().positions(state, mask, width, role).to(self.position_dtype).long()  # rounded in low precision
+
+
+class MatchesAfterRejectionAccepted(EqSpec):
+    """Acceptance counts every draft that matches the target, not the leading run
+    (`matches.sum` for `matches.cumprod(...).sum`; —).
+
+    A draft that matches after the first rejection (the target's prediction given the rejected
+    draft) is accepted too. The scripted draft proposes a wrong token after every rejection,
+    so on the transparent model it shows only when that token happens to equal the target's
+    prediction (1 in 128 per draft); a real draft agrees with its target after a rejection as
+    often as before one.
+    """
+
+    name = "matches_after_rejection_accepted"
+    bug = BugInfo(
+        "drafts matching after the first rejection accepted", "—", "bonus", "equivalence", False, True, models=("gpt2",)
+    )
+
+    @staticmethod
+    def accept(drafts: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = drafts.shape[1]
+        accepted = (drafts == predicted[:, :k]).long().sum(dim=1)  # [B], every match counted
+        return accepted, predicted.gather(1, accepted[:, None])[:, 0]
+
+
+class BonusWindowOfThree(EqSpec):
+    """Rows with a rejection read their bonus from a window of the first 3 predictions, a
+    buffer sized for K = 3 (—).
+
+    Right after 0, 1 or 2 accepted drafts and when all K are accepted; after 3 or more
+    accepted drafts and then a rejection (K >= 4), the bonus is the target's prediction for
+    the 3rd draft's position. Needs deep acceptance followed by a rejection.
+    """
+
+    name = "bonus_window_of_three"
+    bug = BugInfo("bonus read from a 3-wide window after a deep acceptance", "—", "bonus", "equivalence", False, True)
+
+    @staticmethod
+    def accept(drafts: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        accepted, bonus = EqSpec.accept(drafts, predicted)
+        window = predicted[:, :3]  # [B, 3], sized for K = 3
+        partial = window.gather(1, accepted.clamp(max=2)[:, None])[:, 0]  # [B]
+        return accepted, torch.where(accepted < drafts.shape[1], partial, bonus)
+
+
 CATALOG: dict[str, type[EqSpec]] = {
     cls.name: cls
     for cls in (
@@ -592,6 +700,105 @@ CATALOG: dict[str, type[EqSpec]] = {
         MaxNewTokensOverrun,
         DraftWithoutMask,
         CropToShortest,
+        RowBufferOf16,
+        PositionsWrapAt256,
+        PositionsInModelDtype,
+        MatchesAfterRejectionAccepted,
+        BonusWindowOfThree,
     )
 }
+globals().update(CATALOG)
+
+
+# ---------------------------------------------------------------------------------------
+# Contract: side effects and unobserved calls (output right, the decoder contract broken)
+
+
+def forward_directly(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    cache: Any,
+) -> tuple[torch.Tensor, Any]:
+    """`compat.call_model`, through `model.forward(...)`: the module's hooks never run."""
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    out = model.forward(**kwargs, use_cache=True, **{cache_keyword(model): cache})
+    return out.logits, output_cache(out)
+
+
+class ForwardBypass(EqSpec):
+    """Every target call goes through `target.forward(...)` instead of `target(...)`, as
+    wrappers do that want to skip hook overhead (—).
+
+    The tokens are right, but no forward hook of the target runs: not accelerate's device
+    placement or offloading, not an instrumentation. The harness refuses such a run as
+    unobserved instead of judging it on the calls it happened to see.
+    """
+
+    name = "forward_bypass"
+    bug = BugInfo("target called through forward(), bypassing its hooks", "—", "contract", "contract", False, True)
+
+    def prefill(
+        self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[BatchState, torch.Tensor]:
+        mask = attention_mask.long()
+        positions = left_pad_positions(mask)  # [B, T]
+        logits, target_cache = forward_directly(target, input_ids, mask, positions, DynamicCache())  # [B, T, V]
+        _, draft_cache = call_model(draft, input_ids, mask, positions, DynamicCache())
+        first = logits[:, -1].argmax(-1)  # [B]
+        rows = torch.arange(input_ids.shape[0])
+        return BatchState(rows, mask, mask, first, target_cache, draft_cache), first
+
+    def batch_verify(self, target: torch.nn.Module, state: BatchState, drafts: torch.Tensor) -> torch.Tensor:
+        block = torch.cat([state.pending[:, None], drafts], dim=1)  # [B, K + 1]
+        positions = self.positions(state, state.mask, block.shape[1], "target")  # [B, K + 1]
+        mask = torch.cat([state.mask, state.mask.new_ones(block.shape)], dim=1)  # [B, S + K + 1]
+        logits, state.target_cache = forward_directly(target, block, mask, positions, state.target_cache)
+        return logits.argmax(-1)
+
+
+class MutatesInputs(EqSpec):
+    """Prefill position ids computed in place on `attention_mask.long()`, meant as a copy (—).
+
+    For an int64 mask `.long()` is the tensor itself, so the caller's attention_mask now holds
+    position ids. The decoder kept a clone for itself and its tokens are right; the caller's
+    tensor is not.
+    """
+
+    name = "mutates_inputs"
+    bug = BugInfo("writes into the caller's attention_mask", "—", "contract", "contract", False, True)
+
+    def prefill(
+        self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[BatchState, torch.Tensor]:
+        mask = attention_mask.clone()  # the decoder's own copy of the layout
+        positions = attention_mask.long().cumsum_(-1).sub_(1).clamp_(min=0)  # [B, T], in the caller's tensor
+        logits, target_cache = call_model(target, input_ids, mask, positions, DynamicCache())  # [B, T, V]
+        _, draft_cache = call_model(draft, input_ids, mask, positions, DynamicCache())
+        first = logits[:, -1].argmax(-1)  # [B]
+        rows = torch.arange(input_ids.shape[0])
+        return BatchState(rows, mask, mask, first, target_cache, draft_cache), first
+
+
+class MutatesModel(EqSpec):
+    """A forward hook registered on the target (to keep the last logits for an acceptance
+    statistic) and never removed (—).
+
+    The tokens are right, but the shared target leaves generate() with one more hook each
+    run: every later run of any decoder, and the oracle, runs through it.
+    """
+
+    name = "mutates_model"
+    bug = BugInfo("forward hook left on the target", "—", "contract", "contract", False, True)
+
+    def generate(self, target: torch.nn.Module, draft: torch.nn.Module, *args: Any, **kwargs: Any) -> list[list[int]]:
+        target.register_forward_hook(self.keep_logits)
+        return super().generate(target, draft, *args, **kwargs)
+
+    def keep_logits(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        self.last_logits = output.logits[:, -1]  # [B, V]
+
+
+CATALOG.update({cls.name: cls for cls in (ForwardBypass, MutatesInputs, MutatesModel)})
 globals().update(CATALOG)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -122,14 +123,23 @@ def test_reference_engine_passes_black_box_audit(tiny_pair) -> None:
     assert result.to_json()["passed"] is True
 
 
-def test_black_box_audit_catches_a_planted_bug(tiny_pair) -> None:
-    """An engine running a planted bug fails on equivalence, with its evidence and a signature."""
+@pytest.mark.parametrize(
+    ("bug", "signature"),
+    [
+        ("rejected_kv_attended", "bonus"),  # rejected drafts' KV is attended at batch size 1 too
+        ("pads_attended", "batch-only"),  # a single row has no pads: right alone, wrong in a batch
+    ],
+)
+def test_black_box_audit_catches_a_planted_bug(tiny_pair, bug: str, signature: str) -> None:
+    """An engine running a planted bug fails on equivalence, with its evidence, and the signature
+    says whether the diverging prompt is wrong alone too ("bonus") or only in the batch."""
     target, draft = tiny_pair
-    engine = DecoderEngine("specaudit.reference.mutants:rejected_kv_attended", target, draft, num_draft_tokens=3)
+    engine = DecoderEngine(f"specaudit.reference.mutants:{bug}", target, draft, num_draft_tokens=3)
     result = audit_blackbox(engine, target, PROMPTS, max_new_tokens=10)
     assert not result.passed and result.verdict == "diverged"
     assert {v.check for v in result.violations} == {"equivalence"}
-    assert result.signature in ("bonus", "batch-only") and "FAIL" in result.render()
+    assert result.signature == signature, result.reason
+    assert "FAIL" in result.render()
 
 
 class _Broken:
@@ -163,3 +173,7 @@ def test_vllm_example_is_valid_python() -> None:
     code = "\n".join(blocks)
     assert "SamplingParams" in code and "prompt_token_ids" in code and "temperature=0" in code
     assert "def generate(self, prompts" in code and "audit_blackbox" in code
+    for module, names in re.findall(r"^from (specaudit[\w.]*) import (.+)$", code, flags=re.M):
+        imported = importlib.import_module(module)
+        missing = [n.strip() for n in names.split(",") if not hasattr(imported, n.strip())]
+        assert not missing, f"docs/vllm_example.md imports {missing} from {module}, which has no such names"

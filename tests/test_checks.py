@@ -481,8 +481,42 @@ def test_i2_catches_rejected_kv_on_tiny_llama() -> None:
 
 
 def test_token_preservation_evidence_counts_are_meaningful() -> None:
-    """verified-kept evidence never reports a negative number of cached generated tokens."""
-    run = run_case("tests:NoCacheGreedy", Case(((3, 1, 4),), (pattern("1"),), 2, 4, None, 0), factory=NoCacheGreedy)
-    for v in check_token_preservation(run):
-        assert "holding -" not in v.found, v.render()
-        assert not v.expected.startswith("at least 0:"), v.render()
+    """verified-kept evidence counts cached generated tokens: never negative, fewer than the verified ones."""
+    case = Case(((3, 1, 4),), (pattern("1"),), 2, 8, None, 0)
+    found = check_token_preservation(run_case("specaudit.reference.mutants:acceptance_one_short", case))
+    assert [v.rule for v in found] == ["verified-kept"], [v.render() for v in found]
+    (v,) = found
+    kept, verified = v.evidence["accepted"], v.evidence["scheduled"]
+    # round 1 verifies d1, d2 (index 1, 2) but keeps only d1 in the cache: 2 generated tokens cached of 3 verified
+    assert (kept, verified) == (2, 3) and (v.call, v.row, v.request) == (2, 0, 0)
+    assert v.found == "a cache holding 2 generated tokens" and v.expected.startswith("at least 3:")
+    control = run_case("tests:NoCacheGreedy", case, factory=NoCacheGreedy)
+    assert check_token_preservation(control) == []
+
+
+def test_i2_evidence_fields() -> None:
+    """Every I2 violation carries the (token, position) found and expected as fields, for the diagnosis."""
+    prompt = (0,)
+    cont = continuation(prompt)
+    run = run_case("specaudit.reference.mutants:rejected_kv_attended", Case((prompt,), (pattern("0"),), 1, 3, None, 0))
+    first = check_i2(run)[0]
+    assert {k: first.evidence[k] for k in ("found_token", "found_position", "expected_token", "expected_position")} == {
+        "found_token": wrong_token(cont[1], 1, VOCAB_SIZE),
+        "found_position": 2,
+        "expected_token": cont[1],
+        "expected_position": 2,
+    }
+    (eq,) = check_equivalence(run)
+    assert set(eq.evidence) == {"index", "found_token", "expected_token", "partial"} and eq.evidence["index"] == 2
+
+
+def test_i2_first_input_is_the_pending_token() -> None:
+    """A round whose first input is not the request's next token is an I2 fault at that input (the KV
+    cropped to the batch's minimum acceptance: the bonus follows a shortened cache)."""
+    prompts = ((5,), (7, 8, 9))
+    case = Case(prompts, (pattern("1"), pattern("0")), 2, 6, None, 0)
+    run = run_case("specaudit.reference.mutants:kv_cropped_to_min_acceptance", case)
+    first = check_i2(run)[0]
+    assert (first.rule, first.request) == ("input-token", 0)
+    assert first.evidence["found_position"] == first.evidence["expected_position"]
+    assert first.evidence["found_token"] != first.evidence["expected_token"]

@@ -72,7 +72,7 @@ def test_valid_output_passes() -> None:
 def test_wrong_number_of_rows(rows: list[list[int]]) -> None:
     """A result with a row count other than the batch's breaks 'one-list-per-row'."""
     err = breach(Returns(rows), "one-list-per-row")
-    assert f"got {len(rows)} rows" in err.detail and "should be 2" in err.detail
+    assert err.detail.startswith(f"got {len(rows)} row") and "should be 2 rows" in err.detail
 
 
 def test_generate_raises() -> None:
@@ -89,14 +89,14 @@ def test_generate_raises() -> None:
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
-        (torch.tensor([[1, 2], [3, 4]]), "got Tensor"),
-        ([torch.tensor([1, 2]), torch.tensor([3])], "row 0 is a Tensor"),
-        ([[1, torch.tensor(2)], [3]], "row 0 holds Tensor"),
-        ([[1, 2.0], [3]], "row 0 holds float"),
-        ([[1, True], [3]], "row 0 holds bool"),
-        ({0: [1], 1: [2]}, "got dict"),
-        (None, "got NoneType"),
-        ([[1], "ab"], "row 1 is a str"),
+        (torch.tensor([[1, 2], [3, 4]]), "got a Tensor"),
+        ([torch.tensor([1, 2]), torch.tensor([3])], "got row 0 as a Tensor"),
+        ([[1, torch.tensor(2)], [3]], "got row 0 holding Tensor"),
+        ([[1, 2.0], [3]], "got row 0 holding float"),
+        ([[1, True], [3]], "got row 0 holding bool"),
+        ({0: [1], 1: [2]}, "got a dict"),
+        (None, "got a NoneType"),
+        ([[1], "ab"], "got row 1 as a str"),
     ],
     ids=["tensor", "tensor-rows", "tensor-token", "float-token", "bool-token", "dict", "none", "str-row"],
 )
@@ -108,13 +108,15 @@ def test_not_lists_of_int(value: Any, fragment: str) -> None:
 def test_row_longer_than_max_new_tokens() -> None:
     """A row with more than max_new_tokens tokens breaks 'max-new-tokens', naming the row and both counts."""
     err = breach(Returns([[1, 2], [1, 2, 3, 4, 5]]), "max-new-tokens", max_new_tokens=4)
-    assert "row 1 has 5 new tokens" in err.detail and "at most 4" in err.detail
+    assert err.detail == "got row 1 with 5 new tokens, but should be at most 4 (max_new_tokens)"
 
 
 def test_continuing_after_eos() -> None:
     """A row that goes on after EOS breaks 'ends-at-eos', naming the row and the EOS index."""
     err = breach(Returns([[1], [2, EOS, 3]]), "ends-at-eos")
-    assert "row 1" in err.detail and "index 1" in err.detail
+    assert (
+        err.detail == "got row 1 going on after EOS at index 1, but should be the row ending at index 1 (EOS included)"
+    )
 
 
 def test_hang_times_out() -> None:
@@ -273,3 +275,209 @@ def test_load_module_missing_a_prefix_named_dependency(make_module: Callable[[st
     name = make_module("import specaudit_tmp\n")  # a string prefix of the module's own name
     message = load_error(f"{name}:Dec")
     assert "failed to import" in message and "specaudit_tmp" in message
+
+
+# ---------------------------------------------------------------------------------------
+# Messages, side effects, hangs, replays
+
+SMALL = Case(((3, 1, 4), (9, 2)), ((True, False, True), (False, True, True)), 2, 3, None, 0)
+
+
+def test_contract_message_says_once_what_was_found_and_what_the_rule_wants() -> None:
+    """The rendered violation reads 'got X, but should be Y' once, with the rule's own expectation."""
+    run = run_case("tests:Returns", SMALL, factory=lambda: Returns([[1]]))
+    (violation,) = check_i2(run)
+    text = violation.render()
+    assert text == "[contract: one-list-per-row] run: got 1 row, but should be 2 rows (one per input row, in order)"
+    assert text.count("got") == 1 and text.count("but should be") == 1
+
+
+class WritesInputs:
+    """Writes the first generated token into the caller's input_ids (as scratch space), then answers right."""
+
+    def generate(
+        self, target: Any, draft: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw: Any
+    ) -> Any:
+        out = EqSpec().generate(target, draft, input_ids.clone(), attention_mask.clone(), **kw)
+        input_ids[:, -1] = torch.tensor([row[0] for row in out])
+        return out
+
+
+@pytest.mark.parametrize(
+    ("spec", "factory", "fragment"),
+    [
+        ("specaudit.reference.mutants:mutates_inputs", None, "attention_mask[0, 0] = 0 after generate() (was 1"),
+        ("tests:writes-inputs", WritesInputs, "input_ids[0, 2] = "),
+    ],
+    ids=["mask", "ids"],
+)
+def test_writing_into_the_callers_inputs_breaks_inputs_unchanged(spec: str, factory: Any, fragment: str) -> None:
+    """A decoder that writes into the input_ids/attention_mask it was handed breaks 'inputs-unchanged'."""
+    run = run_case(spec, SMALL, factory=factory)
+    assert run.error is not None and run.error.rule == "inputs-unchanged", run.error
+    assert fragment in run.error.found
+    assert run.outputs is None
+
+
+def test_clean_run_keeps_inputs_and_models() -> None:
+    """EQSPEC hands back untouched inputs and models: no side-effect rule fires (the negative control)."""
+    assert run_case("specaudit.reference.eqspec:EqSpec", SMALL).error is None
+
+
+class Meddles:
+    """EQSPEC, after changing its target in one of several ways."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def generate(self, target: Any, draft: Any, *args: Any, **kw: Any) -> Any:
+        out = EqSpec().generate(target, draft, *args, **kw)
+        if self.how == "config":
+            target.config.salt = 5
+        elif self.how == "weight":
+            next(target.parameters()).data.add_(0.5)
+        elif self.how == "train":
+            target.train()
+        elif self.how == "hook":
+            target.register_forward_pre_hook(lambda module, args: None)
+        elif self.how == "global-hook":
+            torch.nn.modules.module.register_module_forward_hook(lambda module, args, output: None)
+        return out
+
+
+@pytest.mark.parametrize(
+    ("how", "model", "fragment"),
+    [
+        ("config", "transparent", "target.config.salt = 5 (was 0)"),
+        ("weight", "transparent", "parameter target.anchor written in place"),
+        ("weight", "llama", "parameter target.model.embed_tokens.weight written in place"),
+        ("train", "transparent", "target modules in training mode: ['<model>']"),
+        ("hook", "transparent", "1 forward pre hook left on target"),
+        ("global-hook", "transparent", "1 global forward hook left registered"),
+    ],
+)
+def test_changing_the_shared_models_breaks_models_unchanged_and_is_repaired(
+    how: str, model: str, fragment: str
+) -> None:
+    """A changed weight, config, mode or a hook left behind breaks 'models-unchanged', naming what changed;
+    the next run gets the model as built, so EQSPEC passes again."""
+    from specaudit.diagnosis import all_violations
+    from specaudit.fixtures.pairs import target_model
+
+    case = Case(
+        ((3, 1, 4),), ((True, False, True),), 2, 3, None, 0, 0, model, "scripted" if model == "transparent" else "tiny"
+    )
+    before = target_model(model)
+    run = run_case(f"tests:meddles-{how}", case, factory=lambda: Meddles(how))
+    assert run.error is not None and run.error.rule == "models-unchanged", run.error
+    assert fragment in run.error.found, run.error.found
+    after = target_model(model)
+    assert not after._forward_pre_hooks and not after.training and getattr(after.config, "salt", 0) == 0
+    assert not torch.nn.modules.module._global_forward_hooks
+    if how in ("config", "weight", "train"):
+        assert after is not before, "a changed model must be rebuilt, not reused"
+    assert all_violations(run_case("specaudit.reference.eqspec:EqSpec", case)) == []
+
+
+class Hangs:
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + 10.0  # bounded, so a broken time limit fails the test instead of hanging it
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [[1], [2]]
+
+
+def test_a_hang_is_waited_for_once_per_decoder() -> None:
+    """After one timeout, later runs of the same decoder fail at once with the same rule, naming the hung case."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("the time limit uses SIGALRM, which only the main thread receives")
+    factory = type("HangsOnce", (Hangs,), {})
+    start = time.monotonic()
+    first = run_case("tests:hangs", SMALL, factory=factory, timeout_s=0.5)
+    waited = time.monotonic() - start
+    other = Case(((5,),), ((True,),), 1, 1, None, 0)
+    start = time.monotonic()
+    second = run_case("tests:hangs", other, factory=factory, timeout_s=0.5)
+    assert 0.5 <= waited < 5.0 and time.monotonic() - start < 0.25
+    assert first.error is not None and second.error is not None
+    assert first.error.rule == second.error.rule == "generate-returns"
+    assert "did not return within 0.5 s" in second.error.found and repr(SMALL) in second.error.found
+    fresh = run_case("tests:hangs", other, factory=lambda: Returns([[1]]))  # another decoder is still run
+    assert fresh.error is None
+
+
+def test_default_timeout_scales_with_the_case_and_stays_bounded() -> None:
+    """Default limit: 20 s plus a per-row-and-position rate; the largest generated cases stay near a minute."""
+    from specaudit.runner import default_timeout
+    from specaudit.strategies import bounds_for
+
+    small = default_timeout(Case(((1,),), ((True,),), 1, 1, None, 0))
+    assert 20.0 < small < 21.0
+    for model in ("transparent", "llama"):
+        b = bounds_for(model)
+        prompts = tuple((i,) * b.prompt_len for i in range(b.rows))
+        largest = Case(
+            prompts,
+            ((True,),) * b.rows,
+            8,
+            b.max_new_tokens,
+            None,
+            0,
+            b.extra_pad_columns,
+            model,
+            "scripted" if model == "transparent" else "tiny",
+        )
+        assert small < default_timeout(largest) <= 62.0, f"{model}: got {default_timeout(largest):.1f} s"
+
+
+class Flaky:
+    """One row short on every second run of the first batch it sees (other batches, such as a
+    check's permuted re-run, are answered right): a nondeterministic decoder."""
+
+    first: tuple[int, ...] | None = None
+    runs = 0
+
+    def generate(self, target: Any, draft: Any, input_ids: torch.Tensor, *args: Any, **kw: Any) -> Any:
+        key = tuple(input_ids.flatten().tolist())
+        cls = type(self)
+        cls.first = cls.first or key
+        cls.runs += key == cls.first
+        out = EqSpec().generate(target, draft, input_ids, *args, **kw)
+        return out[:-1] if key == cls.first and cls.runs % 2 == 0 else out
+
+
+def test_replay_failures_measures_nondeterminism() -> None:
+    """replay_failures counts failing replays: 0 for EQSPEC, all for a broken decoder, some for a flaky one."""
+    from specaudit.registry import replay_failures
+
+    assert replay_failures("specaudit.reference.eqspec:EqSpec", SMALL, None, 2) == 0
+    assert replay_failures("tests:short", SMALL, lambda: Returns([[1]]), 3) == 3
+    assert replay_failures("tests:flaky", SMALL, Flaky, 4) == 2
+
+
+def test_run_keeps_the_factory_the_user_gave() -> None:
+    """Run.factory is the loaded factory (a configured callable stays itself), so a re-run is the same decoder."""
+    from specaudit.reference.exspec import ExSpec
+
+    def configured() -> ExSpec:
+        return ExSpec(batch_size=1, window=2)
+
+    run = run_case("tests:configured", SMALL, factory=configured)
+    assert run.factory is configured and type(run.instance) is ExSpec
+    again = run_case("tests:configured", SMALL, factory=run.factory)
+    assert again.instance.batch_size == 1 and again.outputs == run.outputs
+    assert run_case("specaudit.reference.eqspec:EqSpec", SMALL).factory is EqSpec
+
+
+def test_models_are_repaired_even_when_the_decoder_also_raises() -> None:
+    """A decoder that leaves a hook and then raises is reported for the raise, and its hook is still removed."""
+    from specaudit.fixtures.pairs import target_model
+
+    class HookThenRaise:
+        def generate(self, target: Any, *args: Any, **kwargs: Any) -> Any:
+            target.register_forward_hook(lambda module, args, output: None)
+            raise RuntimeError("out of memory")
+
+    run = run_case("tests:hook-then-raise", SMALL, factory=HookThenRaise)
+    assert run.error is not None and run.error.rule == "generate-returns" and "out of memory" in run.error.found
+    assert not target_model("transparent")._forward_hooks

@@ -3,7 +3,6 @@ bugs, and `specaudit minimize` end to end, down to running the regression test i
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -11,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from specaudit.case import Case
-from specaudit.ddmin import ddmin, minimize_case
+from specaudit.cli import main
+from specaudit.ddmin import CasePasses, ddmin, minimize_case
 from specaudit.diagnosis import all_violations, diagnose
-from specaudit.minimize import add_command
 from specaudit.runner import run_case
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
@@ -142,6 +141,17 @@ def test_duplicate_prompts_stay_consistent() -> None:
         assert patterns.setdefault(prompt, pattern) == pattern
 
 
+def test_shrinking_keeps_a_violation_that_counts() -> None:
+    """With `counts`, a candidate must keep a violation that counts (not a known failure): told
+    to ignore I2, the minimized case still shows the equivalence failure the bug causes."""
+    ignore_i2 = lambda v: v.check != "I2"  # noqa: E731
+    result = minimize_case(REJECTED_KV, eight_rows(), counts=ignore_i2)
+    assert (result.diagnosis.first_check, result.diagnosis.signature) == ("I2", "kv-drift")
+    assert any(ignore_i2(v) for v in result.diagnosis.violations)
+    with pytest.raises(CasePasses):  # nothing counts: nothing to minimize
+        minimize_case(REJECTED_KV, eight_rows(), counts=lambda v: False)
+
+
 def test_budget_is_respected() -> None:
     """With a budget of N runs, minimize_case stops after N and still returns a failing case."""
     result = minimize_case(REJECTED_KV, eight_rows(), budget=4)
@@ -154,10 +164,7 @@ def test_budget_is_respected() -> None:
 
 
 def minimize(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="specaudit")
-    add_command(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["minimize", *argv])
-    return int(args.func(args))
+    return main(["minimize", *argv])
 
 
 def test_minimize_command_writes_reproducer_and_regression_test(

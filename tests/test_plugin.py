@@ -214,7 +214,7 @@ def test_each_decoder_is_judged_by_the_properties(pytester: pytest.Pytester, mon
 def test_known_failures_file_turns_listed_failures_into_xfail(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--specaudit-xfails`: failures whose every violation is listed are xfailed (exit 0); one not listed still fails."""
+    """`--specaudit-xfails`: failures whose every violation is listed are xfailed (exit 0); others still fail."""
     monkeypatch.delenv("CI", raising=False)
     everything = pytester.makefile(".txt", known=f"# the planted bug, as known\n{MUTANT} transparent * *\n")
     result = run_properties(pytester, "--decoder", MUTANT, "--specaudit-xfails", str(everything))
@@ -231,3 +231,15 @@ def test_malformed_known_failures_file_is_a_usage_error(small: pytest.Pytester) 
     result = small.runpytest_subprocess("-p", "no:cacheprovider", "--specaudit-xfails", str(bad))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "bad.txt:1" in result.stderr.str()
+
+
+def test_nondeterministic_decoder_gets_its_own_verdict(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decoder that fails a case only sometimes fails the suite, told as nondeterminism with its replay rate."""
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    result = run_properties(pytester, "--decoder", "decoders.flaky:Flaky", "-k", "equivalence")
+    assert result.ret == 1, output(result)
+    result.stdout.fnmatch_lines(["*nondeterministic decoder: the failing case failed again in ? of 3 fresh runs*"])

@@ -12,23 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from specaudit.cli import main
 from specaudit.compat import call_model
 from specaudit.diagnosis import diagnose
+from specaudit.errors import UsageError
 from specaudit.fixtures.tiny import build_tiny
-from specaudit.realmodel import (
-    RealModelError,
-    audit_batch,
-    load_pair,
-    main,
-    make_sampler,
-    measure_overhead,
-    read_prompts,
-    real_case,
-    run_real,
-    save_tiny_pair,
-    special_ids,
-    tokenize,
-)
+from specaudit.loading import RealModelError, load_pair, read_prompts, save_tiny_pair, special_ids, tokenize
+from specaudit.overhead import measure_overhead
+from specaudit.realmodel import OnDevice, RealRun, audit_batch, make_sampler, real_case, run_real
 from specaudit.runner import run_case
 from specaudit.transplant import map_prompts, observed_rounds, round_shape, transplant
 
@@ -67,7 +58,7 @@ def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def audit_argv(pair_dirs: tuple[Path, Path], prompts: Path, *extra: str) -> list[str]:
     target, draft = pair_dirs
     return [
-        "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+        "audit", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
         "--batch-size", "3", "--max-new-tokens", "10", "--num-draft-tokens", "3", *extra,
     ]  # fmt: skip
 
@@ -113,11 +104,12 @@ def test_read_prompts_formats(tmp_path: Path) -> None:
     ],
 )
 def test_read_prompts_rejects_bad_files(tmp_path: Path, content: str, message: str) -> None:
-    """An empty or malformed prompts file is a RealModelError naming the line."""
+    """An empty or malformed prompts file is a RealModelError (a UsageError) naming the line."""
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
-    with pytest.raises(RealModelError, match=message.replace("[", r"\[")):
+    with pytest.raises(RealModelError, match=message.replace("[", r"\[")) as caught:
         read_prompts(path)
+    assert isinstance(caught.value, UsageError)
 
 
 # ---------------------------------------------------------------------------------------
@@ -130,6 +122,7 @@ def test_audit_passes_reference_decoder(pair_dirs, prompts_file, capsys) -> None
     out = capsys.readouterr().out
     assert "overall: PASS (exact)" in out
     assert "check rate 0.5" in out and "tok/s" in out and "instrumentation overhead" in out
+    assert "checks: contract pass, I1 pass, I2 pass, equivalence pass, token-preservation n/a" in out
     assert out.count("  batch ") == 2  # 5 prompts in batches of 3
 
 
@@ -141,12 +134,15 @@ def test_audit_fails_planted_bug_and_writes_reproducers(pair_dirs, prompts_file,
     assert "overall: FAIL" in out and "first violated check" in out
     assert "transplant on the CPU (transparent target, scripted draft): FAIL" in out
     names = sorted(p.name for p in (tmp_path / "repro").iterdir())
-    assert any(n.startswith("real-") for n in names) and any(n.startswith("transplant-") for n in names)
+    assert any(n.startswith("real_") for n in names) and any(n.startswith("transplant_") for n in names)
+    assert any(n.startswith("test_regression_transplant_") for n in names)  # the CPU transplant is a test too
     report = json.loads((tmp_path / "report.json").read_text())
     assert len(report) == 2 and not report[0]["diagnosis"]["passed"] and report[0]["reproducers"]
+    checks = report[0]["checks"]
+    assert checks["token-preservation"] == "not applicable" and checks[report[0]["diagnosis"]["first_check"]] == "fail"
     from specaudit.case import Case
 
-    moved = Case.load(next((tmp_path / "repro").glob("transplant-*batch0.json")))
+    moved = Case.load(next((tmp_path / "repro").glob("transplant_*batch0.json")))
     assert moved.model == "transparent" and not diagnose(run_case(PLANTED, moved)).passed
 
 
@@ -159,17 +155,17 @@ def test_bad_input_exits_2_with_one_line(pair_dirs, prompts_file, tmp_path, caps
     target, draft = pair_dirs
     argv = audit_argv(pair_dirs, prompts_file)
     if bad == "target-missing":
-        argv[1] = str(tmp_path / "nowhere")
+        argv[2] = str(tmp_path / "nowhere")
     elif bad == "draft-not-a-model":
-        argv[3] = str(tmp_path)
+        argv[4] = str(tmp_path)
     elif bad == "prompts-missing":
-        argv[5] = str(tmp_path / "missing.jsonl")
+        argv[6] = str(tmp_path / "missing.jsonl")
     elif bad == "prompts-empty":
         (tmp_path / "empty.txt").write_text("\n")
-        argv[5] = str(tmp_path / "empty.txt")
+        argv[6] = str(tmp_path / "empty.txt")
     elif bad == "prompts-malformed":
         (tmp_path / "bad.jsonl").write_text('{"turns": ["a"]}\n{oops\n')
-        argv[5] = str(tmp_path / "bad.jsonl")
+        argv[6] = str(tmp_path / "bad.jsonl")
     elif bad == "device":
         argv += ["--device", "cuda:7" if not torch.cuda.is_available() else "not-a-device"]
     else:
@@ -192,6 +188,7 @@ def test_sampling_rate_decides_snapshots(pair) -> None:
             EQSPEC, target, draft, tokenizer, PROMPTS[:3], batch_size=3, num_draft_tokens=3, max_new_tokens=8,
             sample_rate=rate, seed=7, baseline=False,
         )  # fmt: skip
+        assert isinstance(run, RealRun)
         calls = run.recording.target_calls
         sampler = make_sampler(7, 0, rate)
         assert [c.sampled for c in calls] == [sampler(i) for i in range(len(calls))]
@@ -267,7 +264,6 @@ def test_prompt_mapping_keeps_prompts_apart() -> None:
 
 def test_checks_target_wrapper_computes_the_same(pair) -> None:
     """The device wrapper the checks use off the CPU gives the oracle and reference K/V unchanged."""
-    from specaudit.realmodel import OnDevice
     from specaudit.reference.oracle import greedy_oracle, reference_kv
 
     target = pair[0]

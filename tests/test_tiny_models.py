@@ -271,3 +271,44 @@ def test_position_gap_needs_position_ids(arch: str) -> None:
         broken, _ = call_model(model, ids, mask, None, transformers.DynamicCache())
     assert _diff(fixed[0, -1], alone) <= ATOL
     assert _diff(broken[0, -1], alone) > 1e-3
+
+
+def _layer_kv(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> list:
+    """Per layer (K, V) [B, H, T, D] after a prefill of `ids` at `positions`."""
+    from specaudit.compat import cache_layers
+
+    with torch.no_grad():
+        _, cache = call_model(model, ids, mask, positions, transformers.DynamicCache())
+    return [(k.double(), v.double()) for k, v in cache_layers(cache)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bfloat16_kv_past_position_256_is_within_tolerance_and_rounded_positions_are_not(arch: str) -> None:
+    """What I2 relies on for long bfloat16 rows: a padded batch's K/V match batch size 1 within
+    KV_TOLERANCE past position 256, and positions rounded to bfloat16 (the planted bug
+    positions_in_model_dtype) break that tolerance there, but not below 256."""
+    from specaudit.fixtures.pairs import KV_TOLERANCE
+
+    rtol, atol = KV_TOLERANCE[torch.bfloat16]
+    model = build_tiny(arch, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, VOCAB_SIZE, (n,), generator=g) for n in (300, 262)]
+    ids, mask = _left_pad(prompts)  # [2, 300]
+    batch = _layer_kv(model, ids, mask, _positions(mask))
+    for row, prompt in enumerate(prompts):
+        alone = _layer_kv(model, prompt[None], torch.ones_like(prompt[None]), torch.arange(len(prompt))[None])
+        real = slice(ids.shape[1] - len(prompt), None)
+        for layer, ((k, v), (rk, rv)) in enumerate(zip(batch, alone)):
+            for got, want in ((k[row, :, real], rk[0]), (v[row, :, real], rv[0])):  # [H, T, D]
+                close = torch.isclose(got, want, rtol=rtol, atol=atol)
+                assert close.all(), f"row {row} layer {layer}: got max |diff| {_diff(got, want):.3g} past tolerance"
+    prompt = prompts[0][None]  # [1, 300]
+    right = torch.arange(prompt.shape[1])[None]
+    rounded = right.to(torch.bfloat16).long()  # 257 -> 256, 259 -> 260, ...
+    assert torch.equal(rounded[:, :257], right[:, :257]) and not torch.equal(rounded, right)
+    ones = torch.ones_like(prompt)
+    k, rk = _layer_kv(model, prompt, ones, rounded)[0][0], _layer_kv(model, prompt, ones, right)[0][0]  # layer 0 K
+    below = torch.isclose(k[0, :, :256], rk[0, :, :256], rtol=rtol, atol=atol)
+    above = torch.isclose(k[0, :, 256:], rk[0, :, 256:], rtol=rtol, atol=atol)
+    assert below.all(), f"below 256: got max |diff| {_diff(k[0, :, :256], rk[0, :, :256]):.3g}, but should be 0"
+    assert not above.all(), "positions rounded to bfloat16 past 256 should change the K/V beyond KV_TOLERANCE"

@@ -85,6 +85,19 @@ def test_batched_decode_step_equals_single_bit_for_bit(target: TransparentLM) ->
         assert torch.equal(logits2[row, -1], single(target, prompt + (int(step[row, 0]),))[-1])
 
 
+def test_wide_long_batch_is_exact_and_sees_positions_past_256(target: TransparentLM) -> None:
+    """At the generated space's largest sizes (64 rows, prompts past 256 tokens) the batch is still
+    exact, and a position taken modulo 256 (positions_wrap_at_256) changes the next token."""
+    g = torch.Generator().manual_seed(3)
+    prompts = tuple(tuple(torch.randint(0, VOCAB_SIZE, (n,), generator=g).tolist()) for n in [300, 5] + [9] * 62)
+    ids, mask, positions = left_pad(prompts, extra=8)  # [64, 308]
+    logits, _ = forward(target, ids, mask, positions)  # [64, 308, V]
+    for row in (0, 1, 63):
+        assert torch.equal(logits[row, -1], single(target, prompts[row])[-1]), f"row {row} differs from batch size 1"
+    wrapped = forward(target, [list(prompts[0])], positions=[[p % 256 for p in range(300)]])[0]
+    assert next_token(wrapped) != next_token(logits[0]), "a wrapped position past 256 should change the next token"
+
+
 def test_cache_slots_hold_exact_token_and_position(target: TransparentLM) -> None:
     """Every cache slot holds exactly the token and the position id it was written with, pads included."""
     ids, mask, positions = left_pad(PROMPTS, extra=1)

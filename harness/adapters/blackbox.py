@@ -158,16 +158,15 @@ def audit_blackbox(
     prompts_t = tuple(tuple(int(t) for t in p) for p in prompts)
     label = name or engine_name(engine)
     case = Case(
-        prompts_t,
-        tuple(() for _ in prompts_t),
-        0,
-        max_new_tokens,
-        eos_token_id,
-        pad_token_id,
-        0,
-        f"external:{label}",
-        "blackbox",
-        dtype or dtype_name(target),
+        prompts=prompts_t,
+        accept=tuple(() for _ in prompts_t),
+        num_draft_tokens=0,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        model=f"external:{label}",
+        draft="blackbox",
+        dtype=dtype or dtype_name(target),
     )
     start = time.perf_counter()
     if oracle is None:

@@ -1,0 +1,183 @@
+"""Equivalence with the batch-size-1 oracle: identical tokens, length and stop reason.
+
+Tie-aware: at a step where the oracle's top-1/top-2 margin is within the dtype's tolerance a
+divergence is a numerical tie, and the comparison re-syncs onto the decoder's token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specaudit.checks.contract import check_contract
+from specaudit.checks.i2 import row_views
+from specaudit.checks.rows import RowView, common_prefix
+from specaudit.fixtures.pairs import DTYPES, TIE_TOLERANCE
+from specaudit.reference.oracle import greedy_oracle
+from specaudit.runner import Run
+from specaudit.violation import Violation
+
+
+@dataclass(frozen=True)
+class RowEquivalence:
+    row: int
+    expected: tuple[int, ...]  # the batch-size-1 oracle
+    found: tuple[int, ...]
+    expected_stop: str
+    found_stop: str
+    first_divergence: int | None  # first divergence that is not a numerical tie; None if equivalent
+    ties: tuple[int, ...] = ()  # indices where the decoder took the other side of a tie
+    resynced: tuple[int, ...] | None = None  # the oracle re-synced across those ties (None: no ties)
+
+    @property
+    def reference(self) -> tuple[int, ...]:
+        """What the decoder is held to: the oracle, re-synced at each tie."""
+        return self.expected if self.resynced is None else self.resynced
+
+    @property
+    def exact(self) -> bool:
+        return self.found == self.expected
+
+    @property
+    def equivalent(self) -> bool:
+        return self.first_divergence is None
+
+    @property
+    def verdict(self) -> str:
+        if self.exact:
+            return "exact"
+        return f"equivalent modulo {len(self.ties)} tie(s)" if self.equivalent else "diverged"
+
+    @property
+    def partial(self) -> float:
+        """Common prefix over oracle length (the paper's partial match)."""
+        return common_prefix(self.found, self.expected) / max(len(self.expected), 1)
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    rows: tuple[RowEquivalence, ...]
+
+    @property
+    def exact_match(self) -> float:
+        return sum(r.exact for r in self.rows) / max(len(self.rows), 1)
+
+    @property
+    def partial_match(self) -> float:
+        return sum(r.partial for r in self.rows) / max(len(self.rows), 1)
+
+    @property
+    def ties(self) -> int:
+        return sum(len(r.ties) for r in self.rows)
+
+    @property
+    def verdict(self) -> str:
+        if all(r.exact for r in self.rows):
+            return "exact"
+        if all(r.equivalent for r in self.rows):
+            return f"equivalent modulo {self.ties} tie(s)"
+        return "diverged"
+
+
+def stop_reason(tokens: list[int] | tuple[int, ...], max_new_tokens: int, eos: int | None) -> str:
+    if tokens and eos is not None and tokens[-1] == eos:
+        return "eos"
+    return "length" if len(tokens) >= max_new_tokens else "short"
+
+
+def compare_row(run: Run, r: int) -> RowEquivalence:
+    """Tie-aware comparison of one row with the oracle.
+
+    At a divergence where the oracle's top-1/top-2 margin is within the dtype's tolerance the
+    decoder merely took the other side of a numerical tie: the comparison re-syncs onto the
+    decoder's token (the oracle continues from the decoder's prefix) and goes on. Any other
+    divergence is a bug.
+    """
+    case, oracle = run.case, run.oracle[r]
+    found = tuple(run.outputs[r]) if run.outputs is not None else ()
+    tolerance = TIE_TOLERANCE[DTYPES[case.dtype]]
+    reference, margins, ties = oracle.tokens, oracle.margins, []
+    i = common_prefix(found, reference)
+    while i < min(len(found), len(reference)) and margins[i] <= tolerance and found[i] != case.eos_token_id:
+        ties.append(i)
+        prefix = case.prompts[r] + found[: i + 1]
+        rest = max(case.max_new_tokens - i - 1, 0)
+        resync = (
+            greedy_oracle(run.target, prefix, max_new_tokens=rest, eos_token_id=case.eos_token_id) if rest else None
+        )
+        reference = found[: i + 1] + (resync.tokens if resync else ())
+        margins = margins[: i + 1] + (resync.margins if resync else ())
+        i = common_prefix(found, reference)
+    stop = stop_reason(found, case.max_new_tokens, case.eos_token_id)
+    diverged = None if found == reference else i
+    resynced = reference if ties else None
+    return RowEquivalence(r, oracle.tokens, found, oracle.stop, stop, diverged, tuple(ties), resynced)
+
+
+def equivalence(run: Run) -> Equivalence:
+    assert run.outputs is not None
+    if "equivalence" not in run.memo:
+        run.memo["equivalence"] = Equivalence(tuple(compare_row(run, r) for r in range(len(run.outputs))))
+    return run.memo["equivalence"]
+
+
+def locate(run: Run, request: int, index: int) -> tuple[int | None, RowView | None]:
+    """Where generated token `index` of `request` came from.
+
+    Returns the target call that decided it (the last call before the token sits in the
+    cache, not counting a call that merely feeds it back as the pending token) and the first
+    view that holds it in the cache (or, for a last token, the last view that attends it).
+    """
+    views = [v for v in row_views(run)[0] if v.request == request]
+    if not all(v.consistent for v in views):
+        return None, None  # a corrupted cache (see I2) makes the origin ambiguous
+    at = len(run.case.prompts[request]) + index
+    cached = next((v for v in views if v.past > at), None)
+    before = [v for v in views if cached is None or v.call < cached.call]
+    deciders = [v.call for v in before if v.past != at]
+    holder = cached or next((v for v in reversed(views) if len(v.stream) > at), None)
+    return (deciders[-1] if deciders else None), holder
+
+
+def check_equivalence(run: Run) -> list[Violation]:
+    """One violation per diverging row, placed at the target call that decided the first wrong
+    token and the slot where that token then enters the cache."""
+    if run.outputs is None:
+        return check_contract(run)
+    out = []
+    for r in equivalence(run).rows:
+        if r.equivalent:
+            continue
+        i = r.first_divergence
+        assert i is not None
+        if r.ties:
+            notes = f" after {len(r.ties)} numerical tie(s) at {list(r.ties)}"
+        else:
+            notes = ""
+        if i < len(r.found):
+            found = f"token {r.found[i]} at index {i}{notes}"
+        else:
+            found = f"the output ending ({r.found_stop}) after {len(r.found)} tokens"
+        ref = r.reference
+        expected = f"token {ref[i]}" if i < len(ref) else f"the output ending ({r.expected_stop})"
+        decided, holder = locate(run, r.row, i) if i < len(r.found) else (None, None)
+        if holder is not None and holder.call != decided:
+            found += f" (the cache holds it from target call {holder.call})"
+        out.append(
+            Violation(
+                "equivalence",
+                "first-divergence",
+                f"{found} (partial match {r.partial:.2f})",
+                f"{expected} at index {i} like the batch-size-1 oracle",
+                call=decided,
+                row=holder.row if holder is not None else None,
+                slot=holder.slots[len(run.case.prompts[r.row]) + i] if holder is not None else None,
+                request=r.row,
+                evidence={
+                    "index": i,
+                    "found_token": r.found[i] if i < len(r.found) else None,
+                    "expected_token": ref[i] if i < len(ref) else None,
+                    "partial": r.partial,
+                },
+            )
+        )
+    return out

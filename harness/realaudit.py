@@ -1,0 +1,195 @@
+"""Real-model mode, the audit and its report: `specaudit audit --target PATH --draft PATH --prompts FILE`.
+
+    specaudit audit --target DIR --draft DIR --prompts FILE [--device cuda] [--dtype bfloat16] \
+        [--decoder MODULE:ATTR] [--check-rate 0.25] [--batch-size 8] [--max-new-tokens 64] \
+        [--num-draft-tokens 4] [--out DIR]
+
+The prompts (SpecBench-style JSONL with `turns`, or one prompt per line) are tokenized with the
+target's tokenizer and cut into batches; each batch is run and judged by `specaudit.realmodel`.
+This module prints one line per batch and an overall verdict per decoder (exact and partial
+match, ties, each check's status, throughput, the I2 sampling and the instrumentation
+overhead), and with `--out DIR` writes DIR/report.json and, for a failing batch, two
+reproducers under DIR/repro: the real case (`real_*.json`, the real token ids; it needs the
+real models) and its transplant (`transplant_*.json`, see `specaudit.transplant`), which
+`specaudit replay` runs on the CPU on the exact models.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from specaudit.audit import merge_statuses
+from specaudit.contract import load_decoder
+from specaudit.diagnosis import Diagnosis, diagnose
+from specaudit.errors import UsageError
+from specaudit.fixtures.pairs import DTYPES
+from specaudit.loading import load_pair, read_prompts, special_ids, tokenize
+from specaudit.realmodel import RealRun, audit_batch, run_real
+from specaudit.reproducer import write_failure
+from specaudit.runner import run_case
+from specaudit.settings import RealAuditSettings
+from specaudit.transplant import transplant
+from specaudit.violation import render
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x != x else f"{x:+.0%}"
+
+
+def _finite(x: float) -> float | None:
+    return None if x != x or x in (math.inf, -math.inf) else x
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def batch_line(run: RealRun, diagnosis: Diagnosis) -> str:
+    """One batch: verdict, match, throughput, I2 sampling, overhead, and the evidence of a failure."""
+    status = "PASS" if diagnosis.passed else "FAIL"
+    line = (
+        f"  batch {run.batch}: {len(run.case.prompts)} rows  {status} ({diagnosis.verdict})  "
+        f"exact {diagnosis.exact_match:.2f} partial {diagnosis.partial_match:.2f} ties {diagnosis.ties}  "
+        f"{run.tokens_per_s:.1f} tok/s (oracle BS1 {run.oracle_tokens_per_s:.1f})  "
+        f"I2 on {run.sampled_calls}/{len(run.recording.target_calls)} target calls  "
+        f"overhead: recording {_pct(run.record_overhead)}, checks {_pct(run.check_overhead)}"
+    )
+    if not diagnosis.passed:
+        line += f"\n    first violated check: {diagnosis.first_check}; "
+        line += f"signature: {diagnosis.signature} ({diagnosis.reason})"
+        line += "\n" + "\n".join("    " + s for s in render(list(diagnosis.violations), limit=4).splitlines())
+    if run.baseline_outputs is not None and run.outputs is not None and run.baseline_outputs != run.outputs:
+        line += "\n    note: the instrumented run's output differs from the un-instrumented run's (nondeterminism?)"
+    return line
+
+
+def write_reproducers(out: Path, run: RealRun, diagnosis: Diagnosis) -> tuple[list[str], list[str]]:
+    """The real case and its CPU transplant as reproducers under OUT/repro (the layout of
+    `specaudit audit --out`); returns (report lines, paths written)."""
+    name = f"{run.decoder}-batch{run.batch}"
+    (real,) = write_failure(out / "repro", f"real-{name}", diagnosis, test=False)  # needs the real models
+    lines, paths = [f"    reproducer (real models): {real}"], [str(real)]
+    try:
+        moved = transplant(run)
+    except Exception as exc:  # a transplant that cannot be built must not hide the real verdict
+        text = str(exc).strip().splitlines()
+        lines.append(f"    transplant: not built ({type(exc).__name__}: {text[0] if text else ''})")
+        return lines, paths
+    replay = diagnose(run_case(run.decoder, moved.case))
+    outcome = f"FAIL ({replay.first_check}, {replay.signature})" if not replay.passed else "PASS (does not reproduce)"
+    written = write_failure(
+        out / "repro", f"transplant-{name}", replay, "transplanted from a real-model batch", test=not replay.passed
+    )
+    lines.append(f"    transplant on the CPU (transparent target, scripted draft): {outcome}: {written[0]}")
+    paths += [str(p) for p in written]
+    return lines, paths
+
+
+def batch_report(run: RealRun, diagnosis: Diagnosis, checks: dict[str, str], reproducers: list[str]) -> dict[str, Any]:
+    """One batch as JSON: the diagnosis, each check's status, throughput, sampling and overhead."""
+    return {
+        "decoder": run.decoder,
+        "batch": run.batch,
+        "diagnosis": diagnosis.to_json(),
+        "checks": checks,
+        "outputs": run.outputs,
+        "tokens_per_s": _finite(run.tokens_per_s),
+        "oracle_tokens_per_s": _finite(run.oracle_tokens_per_s),
+        "check_rate": run.sample_rate,
+        "sampled_calls": run.sampled_calls,
+        "target_calls": len(run.recording.target_calls),
+        "decoder_seconds": _finite(run.baseline_seconds),
+        "instrumented_seconds": run.seconds,
+        "check_seconds": _finite(run.check_seconds),
+        "record_overhead": _finite(run.record_overhead),
+        "check_overhead": _finite(run.check_overhead),
+        "reproducers": reproducers,
+    }
+
+
+def overall(runs: list[RealRun], diagnoses: list[Diagnosis], checks: dict[str, str], rate: float) -> str:
+    """A decoder's verdict over every batch: match, checks, throughput, sampling and overhead."""
+    rows = sum(len(r.case.prompts) for r in runs)
+    exact = sum(d.exact_match * len(r.case.prompts) for d, r in zip(diagnoses, runs)) / max(rows, 1)
+    partial = sum(d.partial_match * len(r.case.prompts) for d, r in zip(diagnoses, runs)) / max(rows, 1)
+    base = sum(r.baseline_seconds for r in runs)
+    oracle_tokens = sum(len(o.tokens) for r in runs for o in r.oracle)
+    first = next((d for d in diagnoses if not d.passed), None)
+    verdicts = ", ".join(sorted({d.verdict for d in diagnoses}))
+    return (
+        f"  overall: {'FAIL' if first else 'PASS'} ({verdicts})  {rows} rows, exact match {exact:.2f}, "
+        f"partial match {partial:.2f}, ties {sum(d.ties for d in diagnoses)}"
+        + (f"; first violated check {first.first_check}, signature {first.signature}" if first else "")
+        + "\n  checks: "
+        + ", ".join(f"{check} {'FAIL' if status == 'fail' else status}" for check, status in checks.items())
+        + f"\n  throughput: {_ratio(sum(r.new_tokens for r in runs), base):.1f} tok/s un-instrumented "
+        f"(batch-size-1 oracle {_ratio(oracle_tokens, sum(r.oracle_seconds for r in runs)):.1f} tok/s)"
+        f"\n  check rate {rate:g} (I2 on {sum(r.sampled_calls for r in runs)}/"
+        f"{sum(len(r.recording.target_calls) for r in runs)} target calls); instrumentation overhead: "
+        f"recording {_pct(_ratio(sum(r.seconds for r in runs), base) - 1)}, I1+I2 checks "
+        f"{_pct(_ratio(sum(r.check_seconds for r in runs), base))} of un-instrumented decoder time"
+    )
+
+
+def run_real_audit(settings: RealAuditSettings) -> int:
+    """Every decoder on the prompts, batch by batch: exit 0 when every batch passes, 1 on a failure."""
+    factories = {spec: load_decoder(spec) for spec in settings.decoders}
+    prompts = read_prompts(settings.prompts)[: settings.max_prompts]
+    target, draft, tokenizer = load_pair(settings.target, settings.draft, settings.device, settings.dtype)
+    tokenize(tokenizer, prompts)  # bad prompts are input errors, before any decoding
+    eos, pad = special_ids(tokenizer)
+    dtype = next((n for n, d in DTYPES.items() if d == target.dtype), str(target.dtype))
+    print(
+        f"specaudit audit (real models): target {settings.target}, draft {settings.draft}, "
+        f"device {settings.device}, dtype {dtype}\n"
+        f"  {len(prompts)} prompt(s) in batches of {settings.batch_size}, K={settings.num_draft_tokens}, "
+        f"max_new_tokens={settings.max_new_tokens}, eos={eos}, pad={pad}\n"
+        f"  check rate {settings.check_rate:g}: I1 on every target call, I2 (K/V against batch size 1) on a "
+        f"sampled {settings.check_rate:.0%} of target calls (seed {settings.seed})",
+        flush=True,
+    )
+    failed = 0
+    report: list[dict[str, Any]] = []
+    for spec in settings.decoders:
+        runs = run_real(
+            spec,
+            target,
+            draft,
+            tokenizer,
+            prompts,
+            batch_size=settings.batch_size,
+            num_draft_tokens=settings.num_draft_tokens,
+            max_new_tokens=settings.max_new_tokens,
+            sample_rate=settings.check_rate,
+            seed=settings.seed,
+            model_name=str(settings.target),
+            timeout_s=settings.timeout_s,
+            factory=factories[spec],
+        )
+        print(f"\n{spec}:", flush=True)
+        diagnoses, statuses = [], []
+        for run in runs:
+            diagnosis = audit_batch(run)
+            checks = dict(diagnosis.checks)
+            diagnoses.append(diagnosis)
+            statuses.append(checks)
+            print(batch_line(run, diagnosis), flush=True)
+            written: list[str] = []
+            if not diagnosis.passed and settings.out is not None:
+                lines, written = write_reproducers(settings.out, run, diagnosis)
+                print("\n".join(lines), flush=True)
+            report.append(batch_report(run, diagnosis, checks, written))
+        print(overall(runs, diagnoses, merge_statuses(statuses), settings.check_rate), flush=True)
+        failed += not all(d.passed for d in diagnoses)
+    print(f"\n{len(settings.decoders) - failed} passed, {failed} failed")
+    if settings.out is not None:
+        try:
+            settings.out.mkdir(parents=True, exist_ok=True)
+            (settings.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+        except OSError as exc:
+            raise UsageError(f"cannot write to --out {settings.out}: {exc.strerror or exc}") from None
+        print(f"report: {settings.out / 'report.json'}; reproducers under {settings.out / 'repro'}")
+    return 1 if failed else 0

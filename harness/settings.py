@@ -1,0 +1,129 @@
+"""Typed settings, one frozen dataclass per command, built once at the CLI boundary.
+
+The layers below (`specaudit.audit`, `.gate`, `.minimize`, `.realaudit`) take these and never
+see argparse. Each dataclass checks its own ranges on construction and raises `UsageError`
+naming the flag, so a library caller gets the same message as a command-line user.
+Torch-free, like `specaudit.models`: the CLI builds them before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specaudit.errors import UsageError
+from specaudit.models import DEFAULT_DECODERS, DTYPE_NAMES, MODELS
+from specaudit.xfails import KnownFailures
+
+REAL_DTYPES = ("auto", *DTYPE_NAMES)
+"""Real-model `--dtype` choices: the checkpoint's own ("auto") or a built-in dtype name."""
+
+DEFAULT_EXAMPLES = 25
+DEFAULT_CHECK_RATE = 0.25
+DEFAULT_JUNIT = Path("specaudit-junit.xml")
+DEFAULT_GATE_OUT = Path("specaudit-out") / "gate"
+DEFAULT_MINIMIZE_OUT = Path("specaudit-out") / "minimized"
+DEFAULT_MINIMIZE_BUDGET = 500
+
+
+def at_least(flag: str, value: int | float, low: int) -> None:
+    if value < low:
+        raise UsageError(f"{flag} must be at least {low}, got {value}")
+
+
+def within(flag: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise UsageError(f"{flag} must be between {low:g} and {high:g}, got {value:g}")
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """`specaudit audit` on the built-in models. No decoders: the default audit (the
+    reference decoders must pass, every planted bug must be caught)."""
+
+    decoders: tuple[str, ...] = ()
+    models: tuple[str, ...] = MODELS
+    examples: int = DEFAULT_EXAMPLES
+    seed: int = 0
+    quiet: bool = False
+    out: Path | None = None
+
+    def __post_init__(self) -> None:
+        at_least("--examples", self.examples, 1)
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """`specaudit gate`: the audit of `decoders` x `models` with its thresholds and outputs."""
+
+    decoders: tuple[str, ...] = DEFAULT_DECODERS
+    models: tuple[str, ...] = MODELS
+    examples: int = DEFAULT_EXAMPLES
+    seed: int = 0
+    junit: Path = DEFAULT_JUNIT
+    out: Path = DEFAULT_GATE_OUT
+    min_exact_match: float = 0.0
+    xfails: KnownFailures = field(default_factory=KnownFailures)
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        at_least("--examples", self.examples, 1)
+        within("--min-exact-match", self.min_exact_match, 0.0, 1.0)
+        if not self.models:
+            raise UsageError("--models names no model")
+
+
+@dataclass(frozen=True)
+class RealAuditSettings:
+    """`specaudit audit --target ...`: decoders on a real target/draft pair loaded from disk."""
+
+    target: Path
+    draft: Path
+    prompts: Path
+    decoders: tuple[str, ...] = DEFAULT_DECODERS[:1]
+    device: str = "cpu"
+    dtype: str = "auto"
+    check_rate: float = DEFAULT_CHECK_RATE
+    batch_size: int = 8
+    max_new_tokens: int = 64
+    num_draft_tokens: int = 4
+    max_prompts: int | None = None
+    timeout_s: float = 600.0
+    seed: int = 0
+    out: Path | None = None
+
+    def __post_init__(self) -> None:
+        within("--check-rate", self.check_rate, 0.0, 1.0)
+        at_least("--batch-size", self.batch_size, 1)
+        at_least("--max-new-tokens", self.max_new_tokens, 1)
+        at_least("--num-draft-tokens", self.num_draft_tokens, 1)
+        if self.max_prompts is not None:
+            at_least("--max-prompts", self.max_prompts, 1)
+        if self.timeout_s <= 0:
+            raise UsageError(f"--timeout must be positive, got {self.timeout_s:g}")
+        if self.dtype not in REAL_DTYPES:
+            raise UsageError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(REAL_DTYPES)}")
+        if not self.decoders:
+            raise UsageError("no decoder to audit")
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """`specaudit replay FILE --decoder D`: one case file's diagnosis."""
+
+    case: Path
+    decoder: str
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class MinimizeSettings:
+    """`specaudit minimize FILE --decoder D`: delta-debug a failing case file."""
+
+    case: Path
+    decoder: str
+    out: Path = DEFAULT_MINIMIZE_OUT
+    budget: int = DEFAULT_MINIMIZE_BUDGET
+
+    def __post_init__(self) -> None:
+        at_least("--budget", self.budget, 1)

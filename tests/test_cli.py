@@ -1,0 +1,159 @@
+"""The command line as a boundary: arguments become typed settings, a UsageError from any layer
+becomes one line on stderr and exit 2, `audit`/`replay` exit 0 or 1, and no module below the
+CLI sees argparse or builds names lazily."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from specaudit.audit import audit_plan
+from specaudit.case import Case
+from specaudit.cli import main
+from specaudit.errors import UsageError
+from specaudit.models import DEFAULT_DECODERS, MODELS
+from specaudit.reference.mutants import CATALOG
+from specaudit.registry import CHECK_ORDER
+from specaudit.settings import AuditSettings, GateSettings, MinimizeSettings, RealAuditSettings
+
+EQSPEC = "specaudit.reference.eqspec:EqSpec"
+MUTANT = "specaudit.reference.mutants:rejected_kv_attended"
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("specaudit: error: ") and "Traceback" not in err, err
+    return err
+
+
+# ---------------------------------------------------------------------------------------
+# Usage errors: raised below, told once
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["audit", "--models", "transparent,gpt7"], "unknown model(s) gpt7"),
+        (["audit", "--models", " , "], "--models names no model"),
+        (["audit", "--examples", "0"], "--examples must be at least 1"),
+        (["audit", "--decoder", "specaudit.reference.eqspec"], "not of the form module:attr"),
+        (["audit", "--draft", "d", "--prompts", "p"], "--draft, --prompts need --target"),
+        (["audit", "--check-rate", "0.5"], "--check-rate needs --target"),
+        (["audit", "--target", "t"], "--target needs --draft and --prompts"),
+        (["audit", "--target", "t", "--draft", "d", "--prompts", "p", "--check-rate", "2"], "--check-rate must be"),
+        (["replay", "missing.json", "--decoder", EQSPEC], "cannot read case file"),
+        (["minimize", "missing.json", "--decoder", EQSPEC, "--budget", "0"], "--budget must be at least 1"),
+    ],
+)
+def test_usage_error_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    """Bad input from any layer (parsing, settings, loading) exits 2 with one line on stderr."""
+    assert main(argv) == 2
+    assert message in one_error_line(capsys)
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """`specaudit` alone shows the commands and exits 2."""
+    assert main([]) == 2
+    out = capsys.readouterr().out
+    assert all(command in out for command in ("audit", "gate", "replay", "minimize", "suite"))
+
+
+def test_settings_check_their_ranges() -> None:
+    """Settings built in code are checked like the flags: a UsageError naming the flag."""
+    with pytest.raises(UsageError, match="--examples"):
+        AuditSettings(examples=0)
+    with pytest.raises(UsageError, match="--min-exact-match"):
+        GateSettings(min_exact_match=1.5)
+    with pytest.raises(UsageError, match="--budget"):
+        MinimizeSettings(Path("c.json"), EQSPEC, budget=0)
+    with pytest.raises(UsageError, match="unknown dtype"):
+        RealAuditSettings(Path("t"), Path("d"), Path("p"), dtype="float8")
+    assert GateSettings().decoders == DEFAULT_DECODERS and AuditSettings().models == MODELS
+
+
+# ---------------------------------------------------------------------------------------
+# The audit
+
+
+def test_default_audit_plan() -> None:
+    """No --decoder: the reference decoders on every model asked for, each planted bug once, on
+    the first model it shows on among them (bugs needing another model are left out)."""
+    plan = audit_plan(AuditSettings(models=("transparent", "llama")))
+    references = [(spec, model) for spec, expect, model in plan if not expect]
+    assert references == [(spec, model) for spec in DEFAULT_DECODERS for model in ("transparent", "llama")]
+    bugs = {spec.split(":")[1]: model for spec, expect, model in plan if expect}
+    wanted = {name: next(m for m in cls.bug.models if m in ("transparent", "llama")) for name, cls in CATALOG.items()
+              if set(cls.bug.models) & {"transparent", "llama"}}  # fmt: skip
+    assert bugs == wanted and bugs["rejected_kv_attended"] == "transparent"
+    only = audit_plan(AuditSettings(decoders=(MUTANT,), models=("gpt2",)))
+    assert only == [(MUTANT, False, "gpt2")]
+
+
+def test_audit_of_a_passing_decoder_reports_every_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """EqSpec: exit 0; the table and report.json give every registry check's status over the runs."""
+    assert main(["audit", "--decoder", EQSPEC, "--models", "transparent", "--examples", "3", "--quiet",
+                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "1 as expected, 0 not" in out and all(check in out for check in CHECK_ORDER)
+    (entry,) = json.loads((tmp_path / "report.json").read_text())
+    assert list(entry["checks"]) == list(CHECK_ORDER) and entry["checks"]["I2"] == "pass"
+    assert set(entry["checks"].values()) <= {"pass", "n/a"} and entry["diagnosis"] is None
+
+
+def test_audit_of_a_failing_decoder_writes_its_reproducer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A decoder given with --decoder that fails: exit 1, its check marked FAIL, and a replayable
+    reproducer plus regression test under --out/repro."""
+    assert main(["audit", "--decoder", MUTANT, "--models", "transparent", "--examples", "5", "--quiet",
+                 "--out", str(tmp_path)]) == 1  # fmt: skip
+    out = capsys.readouterr().out
+    assert "0 as expected, 1 not" in out and "FAIL" in out
+    (entry,) = json.loads((tmp_path / "report.json").read_text())
+    assert entry["checks"]["I2"] == "fail" and entry["diagnosis"]["first_check"] == "I2"
+    names = sorted(p.name for p in (tmp_path / "repro").iterdir())
+    stem = "specaudit_reference_mutants_rejected_kv_attended_transparent"
+    assert names == [f"{stem}.json", f"test_regression_{stem}.py"]
+    assert main(["replay", str(tmp_path / "repro" / f"{stem}.json"), "--decoder", MUTANT]) == 1
+    assert main(["replay", str(tmp_path / "repro" / f"{stem}.json"), "--decoder", EQSPEC, "--json"]) == 0
+
+
+def test_replay_json_is_the_diagnosis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`replay --json` prints the diagnosis with every check's status; exit 1 for a failing case."""
+    path = Case(((5,),), ((False,) * 6,), 1, 3, None, 0).save(tmp_path / "case.json")
+    assert main(["replay", str(path), "--decoder", MUTANT, "--json"]) == 1
+    diagnosis = json.loads(capsys.readouterr().out)
+    assert diagnosis["passed"] is False and diagnosis["first_check"] == "I2"
+    assert list(diagnosis["checks"]) == list(CHECK_ORDER) and diagnosis["checks"]["I2"] == "fail"
+
+
+# ---------------------------------------------------------------------------------------
+# Structure
+
+
+def harness_modules() -> list[Path]:
+    return sorted(p for p in HARNESS.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_only_the_cli_sees_argparse() -> None:
+    """Configuration crosses the CLI boundary as settings: no other module imports argparse."""
+    importers = []
+    for path in harness_modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if "argparse" in names:
+                importers.append(path.relative_to(HARNESS).as_posix())
+    assert importers == ["cli.py"]
+
+
+def test_no_module_level_getattr() -> None:
+    """Every name a module offers is defined in it: no module `__getattr__` building them on access."""
+    lazy = [
+        path.relative_to(HARNESS).as_posix()
+        for path in harness_modules()
+        if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(path.read_text()).body)
+    ]
+    assert lazy == []
