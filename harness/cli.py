@@ -65,9 +65,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def real_audit_settings(args: argparse.Namespace) -> RealAuditSettings:
-    """Real-model options; the ones left out take the settings' defaults."""
-    if args.draft is None or args.prompts is None:
-        raise UsageError("--target needs --draft and --prompts")
+    """Real-model options; the ones left out take the settings' defaults. The built-in `smollm2`
+    brings its own draft; the shipped prompt set is the default for `--prompts`."""
+    from specaudit.pretrained import DEFAULT_PROMPTS, default_draft
+
+    draft = args.draft or default_draft(args.target)
+    if draft is None:
+        raise UsageError("--target needs --draft (only a built-in target such as smollm2 has a default draft)")
     given = {
         "device": args.device,
         "dtype": args.dtype,
@@ -81,8 +85,8 @@ def real_audit_settings(args: argparse.Namespace) -> RealAuditSettings:
     }
     return RealAuditSettings(
         target=Path(args.target),
-        draft=Path(args.draft),
-        prompts=Path(args.prompts),
+        draft=Path(draft),
+        prompts=Path(args.prompts) if args.prompts else DEFAULT_PROMPTS,
         seed=args.seed,
         out=args.out,
         **{name: value for name, value in given.items() if value is not None},
@@ -152,9 +156,15 @@ def add_audit(sub: argparse._SubParsersAction) -> None:
     add_search_options(audit, "default: the reference decoders and the planted bugs")
     audit.add_argument("--out", type=Path, default=None, metavar="DIR", help="write DIR/report.json and DIR/repro/")
     real = audit.add_argument_group("real-model mode (when --target is given; defaults from specaudit.settings)")
-    real.add_argument("--target", metavar="DIR", help="target model directory (Hugging Face format, local)")
+    real.add_argument(
+        "--target", metavar="DIR", help="target model directory (Hugging Face format, local), or the built-in smollm2"
+    )
     real.add_argument("--draft", metavar="DIR", help="draft model directory (same tokenizer as the target)")
-    real.add_argument("--prompts", metavar="FILE", help="JSONL with SpecBench-style `turns`, or one prompt per line")
+    real.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="JSONL with SpecBench-style `turns`, or one prompt per line (default: the shipped set)",
+    )
     real.add_argument("--device", help="torch device for both models (default: cpu)")
     real.add_argument("--dtype", choices=REAL_DTYPES, help="model dtype (default: the checkpoint's)")
     real.add_argument(

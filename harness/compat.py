@@ -75,17 +75,6 @@ def cache_length(cache: Any) -> int:
     return lengths[0] if lengths else 0
 
 
-def cache_batch_size(cache: Any) -> int | None:
-    layers = cache_layers(cache) if cache is not None else []
-    return int(layers[0][0].shape[0]) if layers else None
-
-
-def drop_last(cache: Any, n: int) -> None:
-    """Remove the last n slots of every row (negative crop; crop(0) differs across versions)."""
-    if n > 0:
-        cache.crop(-n)
-
-
 def select_rows(cache: Any, rows: torch.Tensor) -> None:
     """Keep only `rows` (a 1-D index tensor), in that order, in every layer."""
     cache.batch_select_indices(rows)

@@ -29,6 +29,7 @@ from specaudit.errors import UsageError
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.fixtures.pairs import DTYPES
 from specaudit.fixtures.tiny import build_tiny
+from specaudit.pretrained import resolve
 from specaudit.settings import REAL_DTYPES
 
 
@@ -115,9 +116,11 @@ def load_pair(
 ) -> tuple[torch.nn.Module, torch.nn.Module, Any]:
     """(target, draft, tokenizer): both models from local directories, the tokenizer from the target's.
 
-    `dtype` is "auto" (the checkpoint's) or a DTYPES key. Errors are `RealModelError`s with
-    one line that names the path.
+    A built-in name (`smollm2`, `smollm2-draft`) stands for its directory, built on first use
+    (`specaudit.pretrained`). `dtype` is "auto" (the checkpoint's) or a DTYPES key. Errors are
+    `RealModelError`s with one line that names the path.
     """
+    target_path, draft_path = resolve(target_path), resolve(draft_path)
     dev = resolve_device(device)
     target = load_model("target", target_path, dev, dtype)
     draft = load_model("draft", draft_path, dev, dtype)

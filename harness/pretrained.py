@@ -39,6 +39,11 @@ def is_builtin(name: str | Path) -> bool:
     return str(name) in BUILTIN_REAL
 
 
+def default_draft(target: str | Path) -> str | None:
+    """The draft that goes with a built-in target (None for a directory)."""
+    return "smollm2-draft" if str(target) == "smollm2" else None
+
+
 def resolve(name: str | Path, say: Callable[[str], None] = print) -> Path:
     """A built-in name as its (built on first use) directory; any other value is a path, unchanged."""
     if not is_builtin(name):

@@ -43,7 +43,7 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["audit", "--decoder", "specaudit.reference.eqspec"], "not of the form module:attr"),
         (["audit", "--draft", "d", "--prompts", "p"], "--draft, --prompts need --target"),
         (["audit", "--check-rate", "0.5"], "--check-rate needs --target"),
-        (["audit", "--target", "t"], "--target needs --draft and --prompts"),
+        (["audit", "--target", "t"], "--target needs --draft"),
         (["audit", "--target", "t", "--draft", "d", "--prompts", "p", "--check-rate", "2"], "--check-rate must be"),
         (["replay", "missing.json", "--decoder", EQSPEC], "cannot read case file"),
         (["minimize", "missing.json", "--decoder", EQSPEC, "--budget", "0"], "--budget must be at least 1"),

@@ -52,12 +52,20 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_wheel_holds_only_the_specaudit_import_name(wheel: Path) -> None:
-    """Every file of the wheel lies under specaudit/ or its dist-info; the suite and its conftest are inside."""
+    """Every file of the wheel lies under specaudit/ or its dist-info, and every source file is in it."""
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
     assert tops == {"specaudit", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}, tops
-    for shipped in ("specaudit/properties/conftest.py", "specaudit/reference/eqspec.py", "specaudit/fixtures/tiny.py"):
-        assert shipped in names, f"{shipped} is missing from the wheel"
+    layout = {"harness": "specaudit", "reference": "specaudit/reference", "fixtures": "specaudit/fixtures"}
+    layout["properties"] = "specaudit/properties"
+    wanted = {"specaudit/data/prompts.jsonl"}
+    for folder, prefix in layout.items():
+        for source in (ROOT / folder).rglob("*.py"):
+            relative = source.relative_to(ROOT / folder)
+            if relative.parts[0] not in layout and "__pycache__" not in relative.parts:
+                wanted.add(f"{prefix}/{relative.as_posix()}")
+    missing = sorted(wanted - set(names))
+    assert not missing, f"source files missing from the wheel: {missing}"
 
 
 def clean_env(bin_dir: Path) -> dict[str, str]:

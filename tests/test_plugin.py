@@ -208,7 +208,7 @@ def test_each_decoder_is_judged_by_the_properties(pytester: pytest.Pytester, mon
     assert f"decoder {MUTANT} on Case(" in text
     result.stdout.fnmatch_lines(["*[[]I2: *[]] target call *, row *, slot *: got * but should be *"])
     written = sorted(out.glob("*.json"))
-    assert written and all("rejected_kv_attended" in p.name for p in written), written
+    assert written and all("mutants" in p.name for p in written), written
 
 
 def test_known_failures_file_turns_listed_failures_into_xfail(
