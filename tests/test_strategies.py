@@ -100,7 +100,6 @@ REAL_LABELS = {
     "dtype:bfloat16": 5,
     "draft:scripted": 10,
     "draft:tiny": 10,
-    "rows>16": 1,
     "position>256": 2,
     "K>=8": 5,
     "accept-i-then-reject:i=0": 5,
