@@ -8,7 +8,8 @@ shrunk case further, keeping its failure class. The result is what gets diagnose
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,27 @@ class SearchResult:
     @property
     def found(self) -> bool:
         return self.minimal is not None
+
+
+@contextmanager
+def _without_local_constants() -> Iterator[None]:
+    """Hypothesis mixes literals from every local module imported so far into its draws, so the
+    cases of a seed would depend on what the process imported before (the user's decoder, other
+    tests on the same xdist worker). Without them the seed alone decides the cases."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+    except ImportError:  # pragma: no cover - a Hypothesis without local constants
+        yield
+        return
+    original, empty = providers._get_local_constants, Constants()
+    providers.CONSTANTS_CACHE.cache.clear()
+    providers._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 class _Failed(Exception):
@@ -102,7 +124,8 @@ def search(
             raise _Failed(case)
 
     try:
-        prop()
+        with _without_local_constants():
+            prop()
     except _Failed as failed:  # Hypothesis re-raises the minimal case's failure last
         result.minimal = failed.case
     if result.minimal is not None and minimize_budget > 0:

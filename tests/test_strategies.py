@@ -4,6 +4,7 @@ their cost limits, and a drawn case's repr evaluates back to the case. No decode
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from specaudit.case import Case
 from specaudit.runner import _continuation, evict_models
+from specaudit.search import search
 from specaudit.strategies import (
     EXACT_BOUNDS,
     REAL_BOUNDS,
@@ -182,3 +184,20 @@ def test_case_rejects_a_malformed_pattern_text() -> None:
     """Pattern text is 0s and 1s only: a typo in a pinned case is an error, not a silent reject-all."""
     with pytest.raises(ValueError, match="written with 0 and 1"):
         Case(((1, 2),), ("1x1",), 2, 4, None, 0)
+
+
+def test_a_seed_draws_the_same_cases_whatever_was_imported_before(tmp_path, monkeypatch) -> None:
+    """Hypothesis draws literals of the local modules imported so far; the search must not, or a
+    seed's cases (and the kill table, and CI) would depend on which tests ran first on a worker."""
+
+    def drawn() -> list[Case]:
+        seen: list[Case] = []
+        search("specaudit.reference.eqspec:EqSpec", "transparent", max_examples=8, seed=3, on_run=lambda run: seen.append(run.case))
+        return seen
+
+    before = drawn()
+    literals = ", ".join(str(n) for n in range(3, 128, 2))  # token ids, lengths, drafts per round
+    (tmp_path / "decoder_with_literals.py").write_text(f"LITERALS = [{literals}]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("decoder_with_literals")
+    assert drawn() == before
