@@ -7,7 +7,8 @@ the first failure, the slowest seed, shrunk rows, first violated check and signa
 Each bug is searched on the model its BugInfo names first (`models`: a bug that needs a real
 model, dtype or draft is searched on a tiny real model), unless --model says otherwise.
 Writes bench/results/kill_table.json and kill_table.md; with --only, the named rows replace
-theirs in the existing table and the others are kept.
+theirs in the existing table and the others are kept. The engine bugs' section and rows
+(bench/kill_table_engines.py) are kept as they are.
 
     python bench/kill_table.py [--seeds 3] [--model transparent] [--max-examples 300] [--only NAME ...]
 """
@@ -23,6 +24,9 @@ from specaudit.diagnosis import diagnose
 from specaudit.reference.mutants import CATALOG
 from specaudit.runner import run_case
 from specaudit.search import search
+
+ENGINE_SECTION = "## Engine bugs"
+"""Where bench/kill_table_engines.py's section of kill_table.md starts: kept when this table is rewritten."""
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -80,7 +84,9 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "kill_table" if args.model in (None, "transparent") else f"kill_table_{args.model}"
     path = RESULTS / f"{stem}.json"
-    kept = {r["bug"]: r for r in json.loads(path.read_text())} if args.only and path.exists() else {}
+    previous = json.loads(path.read_text()) if path.exists() else []
+    engines = [r for r in previous if str(r.get("kind", "")).startswith("engine")]  # kill_table_engines.py's
+    kept = {r["bug"]: r for r in previous if r not in engines} if args.only else {}
     for name in args.only or list(CATALOG):
         model = args.model or CATALOG[name].bug.models[0]
         row = kill(name, model, args.seeds, args.max_examples, args.shrink_budget)
@@ -89,11 +95,13 @@ def main() -> None:
     rows = [kept[name] for name in CATALOG if name in kept]
     for row in rows:
         row.setdefault("model", "transparent")  # rows recorded before the table named its model
-    path.write_text(json.dumps(rows, indent=1) + "\n")
+    path.write_text(json.dumps(rows + engines, indent=1) + "\n")
     where = args.model or "each bug's first BugInfo model"
     header = f"Model: {where}; {args.seeds} seeds, at most {args.max_examples} examples per search"
     header += " (rows kept from an earlier table keep their own seeds: see caught).\n\n" if args.only else ".\n\n"
-    (RESULTS / f"{stem}.md").write_text(header + markdown(rows))
+    md = RESULTS / f"{stem}.md"
+    engine_section = md.read_text().partition("\n" + ENGINE_SECTION)[1:] if md.exists() else ("", "")
+    md.write_text(header + markdown(rows) + "".join(engine_section))
     print(header + markdown(rows))
 
 

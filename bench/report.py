@@ -166,8 +166,12 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def figures(results: dict[str, Any], out: Path) -> list[str]:
-    """Write the PNGs that exist for the parts present; returns their file names."""
-    import matplotlib
+    """Write the PNGs that exist for the parts present; returns their file names (none without
+    matplotlib, e.g. on a device machine: the tables in cost.md carry every number)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

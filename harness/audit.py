@@ -14,7 +14,7 @@ import json
 import statistics
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +22,25 @@ from specaudit.case import Case
 from specaudit.checks import equivalence
 from specaudit.contract import load_decoder
 from specaudit.diagnosis import Diagnosis, diagnose
+from specaudit.engine import load_engine
+from specaudit.engine_machine import (
+    DEFAULT_ENGINES,
+    MachineRun,
+    MinimizedOps,
+    ReproducerPasses,
+    minimize_ops,
+    run_machine,
+)
 from specaudit.errors import UsageError
 from specaudit.models import DEFAULT_DECODERS
+from specaudit.reference.engine_mutants import ENGINE_CATALOG
 from specaudit.reference.mutants import CATALOG
 from specaudit.registry import FAIL, NOT_APPLICABLE, Evaluation, evaluate
-from specaudit.reproducer import write_failure
+from specaudit.reproducer import EVIDENCE_LIMIT, write_engine_failure, write_failure
 from specaudit.runner import Run, run_case
 from specaudit.search import search
 from specaudit.settings import AuditSettings
-from specaudit.violation import Violation
+from specaudit.violation import Violation, render
 from specaudit.xfails import KnownFailures
 
 PLANTED_BUG_EXAMPLES = 300
@@ -214,6 +224,8 @@ def audit_plan(settings: AuditSettings) -> list[tuple[str, bool, str]]:
     for most: it names slots and is fast); a bug none of them can show is left out."""
     if settings.decoders:
         return [(spec, False, model) for spec in settings.decoders for model in settings.models]
+    if settings.engines:
+        return []  # `--engine` alone audits the engines only
     plan = [(spec, False, model) for spec in DEFAULT_DECODERS for model in settings.models]
     for spec, models in planted_bugs():
         model = next((m for m in models if m in settings.models), None)
@@ -286,17 +298,184 @@ def write_outputs(directory: Path, verdicts: list[Verdict]) -> None:
             write_failure(directory / "repro", f"{v.decoder}-{v.model}", v.diagnosis, "shrunk by specaudit audit")
 
 
+# ---------------------------------------------------------------------------------------
+# Engines: the engine state machine (`specaudit.engine_machine`), one verdict per engine
+
+
+ENGINE_STEPS = 12
+"""Rules per generated run of the engine state machine (the conformance suite's)."""
+
+PLANTED_ENGINE_EXAMPLES = 30
+"""Search budget for a planted engine bug (the `ci` profile's): a bound, the run stops at the first failure."""
+
+ENGINE_MINIMIZE_BUDGET = 200
+"""Replays `minimize_ops` may spend on a failing engine's rules after the machine's own shrinking."""
+
+
+@dataclass
+class EngineVerdict:
+    """One engine through the state machine: the run, and its failure's rules delta-debugged."""
+
+    engine: str
+    run: MachineRun
+    expect_failure: bool = False  # a planted engine bug: the audit passes when it is caught
+    minimized: MinimizedOps | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.run.passed
+
+    @property
+    def as_expected(self) -> bool:
+        return self.passed != self.expect_failure
+
+    @property
+    def reproducer(self) -> dict[str, Any] | None:
+        if self.minimized is not None:
+            return self.minimized.reproducer
+        return None if self.run.failure is None else self.run.failure.reproducer
+
+    @property
+    def violations(self) -> list[Violation]:
+        if self.minimized is not None:
+            return self.minimized.violations
+        return [] if self.run.failure is None else self.run.failure.violations
+
+    def to_json(self) -> dict[str, Any]:
+        first = self.violations[0] if self.violations else None
+        return {
+            "kind": "engine",
+            "engine": self.engine,
+            "expect_failure": self.expect_failure,
+            "as_expected": self.as_expected,
+            "runs": self.run.runs,
+            "rules": self.run.rules,
+            "seconds": round(self.run.seconds, 3),
+            "runs_to_failure": self.run.runs_to_failure,
+            "shrunk_rules": self.run.shrunk_rules,
+            "minimized_rules": None if self.reproducer is None else len(self.reproducer["ops"]),
+            "first_check": first.check if first else None,
+            "rule": first.rule if first else None,
+            "events": {what: round(share, 3) for what, share in self.run.events.items()},
+            "violations": [asdict(v) for v in self.violations[:EVIDENCE_LIMIT]],
+            "reproducer": self.reproducer,
+        }
+
+
+def audit_engine(
+    spec: str, examples: int, seed: int, *, expect_failure: bool = False, shrink: bool = True
+) -> EngineVerdict:
+    """The state machine on `spec` (Hypothesis shrinks a failure unless `shrink` is off), then
+    the failing rules delta-debugged (`minimize_ops`): a reproducer as short as both can make it."""
+    verdict = EngineVerdict(spec, run_machine(spec, examples, ENGINE_STEPS, seed=seed, shrink=shrink), expect_failure)
+    failure = verdict.run.failure
+    if failure is not None and failure.reproducer["ops"]:
+        try:
+            verdict.minimized = minimize_ops(failure.reproducer, ENGINE_MINIMIZE_BUDGET)
+        except ReproducerPasses:
+            pass  # the failure did not replay alone (a flaky engine): keep the machine's own
+    return verdict
+
+
+def planted_engine_bugs() -> list[str]:
+    return [f"specaudit.reference.engine_mutants:{name}" for name in ENGINE_CATALOG]
+
+
+def engine_plan(settings: AuditSettings) -> list[tuple[str, bool]]:
+    """(engine, expect_failure) in run order: the engines named with --engine; with neither
+    --decoder nor --engine, the reference engines (must pass) and the planted engine bugs
+    (must be caught); with --decoder alone, none."""
+    if settings.engines:
+        return [(spec, False) for spec in settings.engines]
+    if settings.decoders:
+        return []
+    return [(spec, False) for spec in DEFAULT_ENGINES] + [(spec, True) for spec in planted_engine_bugs()]
+
+
+def engine_line(v: EngineVerdict, width: int) -> str:
+    j = v.to_json()
+    ragged = v.run.events.get("admission into a batch with ragged acceptance")
+    return (
+        f"{v.engine:<{width}} {v.run.runs:>5} {v.run.seconds:>6.1f} {_fmt(ragged, '.2f'):>6}  "
+        f"{'PASS' if v.passed else 'FAIL':<7} {(j['first_check'] or ''):<12} {(j['rule'] or ''):<18} "
+        f"{_fmt(j['minimized_rules'], 'd'):>5}  {'yes' if v.as_expected else 'NO'}"
+    )
+
+
+def format_engine_table(verdicts: list[EngineVerdict]) -> str:
+    """Engines: runs, time, share of runs with an admission into a ragged batch, the verdict,
+    the first broken check and rule, and the length of the minimized rule sequence."""
+    width = max([41, *(len(v.engine) for v in verdicts)])
+    header = (
+        f"{'engine (state machine, transparent model)':<{width}} {'runs':>5} {'sec':>6} {'ragged':>6}  "
+        f"{'verdict':<7} {'first check':<12} {'rule':<18} {'rules':>5}  expected"
+    )
+    lines = [header, "-" * len(header), *(engine_line(v, width) for v in verdicts)]
+    lines.append(
+        "ragged = share of runs with an admission into a batch with ragged acceptance; "
+        "rules = length of the minimized failing rule sequence"
+    )
+    for v in verdicts:
+        if v.violations and not v.expect_failure:
+            lines += [
+                "",
+                f"{v.engine}: minimal failing rule sequence ({len((v.reproducer or {}).get('ops', []))} rules)",
+            ]
+            lines += ["  " + line for line in render(v.violations).splitlines()]
+            lines.append("  reproducer: " + json.dumps(v.reproducer))
+    return "\n".join(lines)
+
+
+def engine_file_name(spec: str) -> str:
+    return f"{spec}-engine"
+
+
+def write_engine_outputs(directory: Path, verdicts: list[EngineVerdict], summary: str) -> list[Path]:
+    """Per failing engine, its reproducer and regression test under `directory`."""
+    paths = []
+    for v in verdicts:
+        if v.reproducer is not None:
+            paths += write_engine_failure(directory, engine_file_name(v.engine), v.reproducer, v.violations, summary)
+    return paths
+
+
+def finish_engine(v: EngineVerdict, index: int, total: int, quiet: bool) -> None:
+    if not quiet:
+        outcome = "as expected" if v.as_expected else "UNEXPECTED"
+        first = v.violations[0] if v.violations else None
+        status = "PASS" if first is None else f"FAIL ({first.check} {first.rule})"
+        print(f"[{index}/{total}] engine {v.engine}: {status}, {outcome}", file=sys.stderr, flush=True)
+
+
+def audit_engines(settings: AuditSettings) -> list[EngineVerdict]:
+    """Every engine of the plan through the state machine. Planted bugs in the default audit
+    skip Hypothesis's shrinking (seconds each) and are shrunk by `minimize_ops` alone."""
+    plan = engine_plan(settings)
+    verdicts = []
+    for i, (spec, expect_failure) in enumerate(plan, 1):
+        budget = max(settings.examples, PLANTED_ENGINE_EXAMPLES) if expect_failure else settings.examples
+        verdict = audit_engine(spec, budget, settings.seed, expect_failure=expect_failure, shrink=not expect_failure)
+        finish_engine(verdict, i, len(plan), settings.quiet)
+        verdicts.append(verdict)
+    return verdicts
+
+
 def run_audit(settings: AuditSettings) -> int:
     """`specaudit audit`: exit 0 when every verdict is as expected, 1 otherwise."""
     plan = audit_plan(settings)
     for spec in dict.fromkeys(spec for spec, _, _ in plan):
         load_decoder(spec)  # an unloadable decoder is a usage error before anything runs
+    for spec in dict.fromkeys(spec for spec, _ in engine_plan(settings)):
+        load_engine(spec)
     left_out = [
         spec for spec, models in planted_bugs() if not settings.decoders and not set(models) & set(settings.models)
     ]
+    engine_specs = engine_plan(settings)
     print(
-        f"specaudit audit: {len(plan)} decoder/model pairs ({len({s for s, _, _ in plan})} decoders), "
-        f"up to {settings.examples} cases each, seed {settings.seed}"
+        "specaudit audit: "
+        + (f"{len(plan)} decoder/model pairs ({len({s for s, _, _ in plan})} decoders), " if plan else "")
+        + (f"{len(engine_specs)} engine(s) through the engine state machine, " if engine_specs else "")
+        + f"up to {settings.examples} cases each, seed {settings.seed}"
         + (
             f"\n  planted bugs left out (they show only on models not asked for): {', '.join(left_out)}"
             if left_out
@@ -311,13 +490,21 @@ def run_audit(settings: AuditSettings) -> int:
         verdict = audit_model(spec, model, budget, settings.seed, progress=progress, expect_failure=expect_failure)
         progress.finish_item(verdict)
         verdicts.append(verdict)
-    print(format_table(verdicts))
+    engines = audit_engines(settings)
+    if verdicts:
+        print(format_table(verdicts))
+    if engines:
+        print(("\n" if verdicts else "") + format_engine_table(engines))
     if settings.out is not None:
         try:
             write_outputs(settings.out, verdicts)
+            write_engine_outputs(settings.out / "repro", engines, "shrunk by specaudit audit")
+            if engines:
+                report = [v.to_json() for v in verdicts] + [v.to_json() for v in engines]
+                (settings.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
         except OSError as exc:
             raise UsageError(f"cannot write to --out {settings.out}: {exc.strerror or exc}") from None
         print(f"report: {settings.out / 'report.json'}; reproducers under {settings.out / 'repro'}")
-    wrong = [v for v in verdicts if not v.as_expected]
-    print(f"\n{len(verdicts) - len(wrong)} as expected, {len(wrong)} not")
+    wrong = [v for v in [*verdicts, *engines] if not v.as_expected]
+    print(f"\n{len(verdicts) + len(engines) - len(wrong)} as expected, {len(wrong)} not")
     return 1 if wrong else 0

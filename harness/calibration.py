@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -36,6 +37,7 @@ class NoiseFloor:
     kv_max: float
     kv_scale: float  # median |K/V| entry: what the K/V noise is relative to
     margin_p50: float  # median top-1/top-2 logit margin of the batch-size-1 run, for scale
+    witness: Any = field(default=None, compare=False, repr=False)  # the target in a higher precision, if made
 
     @property
     def logit_bound(self) -> float:

@@ -27,6 +27,8 @@ from specaudit.settings import (
     DEFAULT_MINIMIZE_OUT,
     REAL_DTYPES,
     AuditSettings,
+    EngineMinimizeSettings,
+    EngineReplaySettings,
     GateSettings,
     MinimizeSettings,
     RealAuditSettings,
@@ -44,6 +46,8 @@ REAL_MODEL_ONLY = ("draft", "prompts", "device", "dtype", "check_rate", "batch_s
 
 def cmd_audit(args: argparse.Namespace) -> int:
     if args.target is not None:
+        if args.engine:
+            raise UsageError("--engine has no real-model mode (engines run on the built-in transparent model)")
         real = real_audit_settings(args)
         from specaudit.realaudit import run_real_audit
 
@@ -58,6 +62,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         seed=args.seed,
         quiet=args.quiet,
         out=args.out,
+        engines=tuple(args.engine),
     )
     from specaudit.audit import run_audit
 
@@ -93,12 +98,34 @@ def real_audit_settings(args: argparse.Namespace) -> RealAuditSettings:
     )
 
 
+def engine_file(args: argparse.Namespace) -> bool:
+    """Whether FILE is taken as an engine reproducer (it has "ops"): with --engine always (the
+    file is checked then), with --decoder never (an engine file is refused), else by its content."""
+    from specaudit.reproducer import is_engine_reproducer
+
+    if args.engine is not None:
+        if args.decoder is not None:
+            raise UsageError("give --decoder (a case file) or --engine (an engine reproducer), not both")
+        return True
+    engine = is_engine_reproducer(args.case)
+    if engine and args.decoder is not None:
+        raise UsageError(f"{args.case} is an engine reproducer (it has 'ops'): give --engine, not --decoder")
+    if not engine and args.decoder is None:
+        raise UsageError(f"{args.case}: --decoder MODULE:ATTR is required for a case file")
+    return engine
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
-    """Replay one case file against a decoder and print its diagnosis."""
+    """Replay one case file against a decoder and print its diagnosis (an engine reproducer:
+    its rules against the engine, and the violations)."""
     import json
 
     from specaudit.reproducer import replay
 
+    if engine_file(args):
+        from specaudit.reproducer import replay_engine
+
+        return replay_engine(EngineReplaySettings(case=args.case, engine=args.engine, json=args.json))
     settings = ReplaySettings(case=args.case, decoder=args.decoder, json=args.json)
     diagnosis = replay(settings.case, settings.decoder)
     print(json.dumps(diagnosis.to_json(), indent=1) if settings.json else diagnosis.render())
@@ -106,6 +133,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_minimize(args: argparse.Namespace) -> int:
+    if engine_file(args):
+        from specaudit.minimize import minimize_engine
+
+        engine_settings = EngineMinimizeSettings(case=args.case, engine=args.engine, out=args.out, budget=args.budget)
+        return minimize_engine(engine_settings)
     settings = MinimizeSettings(case=args.case, decoder=args.decoder, out=args.out, budget=args.budget)
     from specaudit.minimize import run_minimize
 
@@ -114,7 +146,7 @@ def cmd_minimize(args: argparse.Namespace) -> int:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     settings = GateSettings(
-        decoders=tuple(args.decoder) or DEFAULT_DECODERS,
+        decoders=tuple(args.decoder) or (() if args.engine else DEFAULT_DECODERS),
         models=tuple(parse_models(args.models)),
         examples=args.examples,
         seed=args.seed,
@@ -123,6 +155,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         min_exact_match=args.min_exact_match,
         xfails=load_xfails(args.xfails) if args.xfails is not None else KnownFailures(),
         quiet=args.quiet,
+        engines=tuple(args.engine),
     )
     from specaudit.gate import run_gate
 
@@ -138,6 +171,13 @@ def add_search_options(parser: argparse.ArgumentParser, decoder_default: str) ->
     parser.add_argument(
         "--decoder", action="append", default=[], metavar="MODULE:ATTR", help=f"decoder (repeatable; {decoder_default})"
     )
+    parser.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="continuous-batching engine, run through the engine state machine (repeatable; alone: engines only)",
+    )
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated built-in models")
     parser.add_argument(
         "--examples",
@@ -151,7 +191,9 @@ def add_search_options(parser: argparse.ArgumentParser, decoder_default: str) ->
 
 def add_audit(sub: argparse._SubParsersAction) -> None:
     audit = sub.add_parser(
-        "audit", help="audit decoders on the built-in models (default: reference decoders and planted bugs)"
+        "audit",
+        help="audit decoders and engines on the built-in models (default: the reference decoders and engines, "
+        "and the planted bugs)",
     )
     add_search_options(audit, "default: the reference decoders and the planted bugs")
     audit.add_argument("--out", type=Path, default=None, metavar="DIR", help="write DIR/report.json and DIR/repro/")
@@ -184,7 +226,10 @@ def add_audit(sub: argparse._SubParsersAction) -> None:
 def add_replay(sub: argparse._SubParsersAction) -> None:
     replay = sub.add_parser("replay", help="replay a case file (a reproducer) against a decoder")
     replay.add_argument("case", type=Path, metavar="FILE")
-    replay.add_argument("--decoder", required=True, metavar="MODULE:ATTR")
+    replay.add_argument("--decoder", metavar="MODULE:ATTR", help="the decoder (case files)")
+    replay.add_argument(
+        "--engine", metavar="MODULE:ATTR", help="the engine (engine reproducers, with 'ops'; default: the file's)"
+    )
     replay.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     replay.set_defaults(func=cmd_replay)
 
@@ -197,7 +242,13 @@ def add_minimize(sub: argparse._SubParsersAction) -> None:
         "EOS), keeping its failure class; write DIR/<name>.json and DIR/test_regression_<name>.py.",
     )
     parser.add_argument("case", type=Path, metavar="FILE", help="a case file or reproducer (JSON)")
-    parser.add_argument("--decoder", required=True, metavar="MODULE:ATTR", help="the decoder that fails the case")
+    parser.add_argument("--decoder", metavar="MODULE:ATTR", help="the decoder that fails the case")
+    parser.add_argument(
+        "--engine",
+        metavar="MODULE:ATTR",
+        help="the engine that fails an engine reproducer (a file with 'ops'; default: the file's); its rules are "
+        "delta-debugged",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -254,7 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specaudit", description="Correctness audit for batch speculative decoders.")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser(
-        "suite", help="run the installed conformance suite: specaudit suite --decoder MODULE:ATTR [pytest args]"
+        "suite",
+        help="run the installed conformance suite: specaudit suite --decoder MODULE:ATTR | --engine MODULE:ATTR "
+        "[pytest args]",
     )
     adders: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_audit, add_replay, add_minimize, add_gate)
     for add in adders:

@@ -46,7 +46,7 @@ class Diagnosis:
     decoder: str
     case: Case
     passed: bool
-    verdict: str  # "exact", "equivalent modulo N tie(s)", "diverged", or "violated" (output fine, check broken)
+    verdict: str  # "exact", "equivalent modulo numerics (...)", "diverged", or "violated" (output fine, check broken)
     first_check: str | None
     first: Violation | None
     signature: str | None

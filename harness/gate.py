@@ -22,11 +22,20 @@ JUnit testcase with every check's status, and applies the thresholds:
 Each failing testcase leaves its shrunk case in --out as `<decoder>_<model>.json` (a
 reproducer) and `test_regression_<decoder>_<model>.py` (see `specaudit.reproducer`).
 
+Engines (`--engine MODULE:ATTR`, repeatable; alone it gates the engines only) run through the
+engine state machine (`specaudit.engine_machine`) with up to --examples runs on the built-in
+transparent model: one testcase each (`name="engine-machine"`), failing on the first broken
+check unless --xfails lists it under model `transparent`. The machine stops at its first
+failure, so a known engine failure ends that engine's search. A failing engine leaves its
+shrunk rule sequence as `<engine>-engine.json` (replay with `specaudit replay FILE --engine X`)
+and its regression test.
+
 Exit status: 0 when the gate passes, 1 when it fails; bad input is a `UsageError`.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 import xml.etree.ElementTree as ET
@@ -34,12 +43,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specaudit.audit import Progress, Verdict, audit_model, format_table
+from specaudit.audit import (
+    EngineVerdict,
+    Progress,
+    Verdict,
+    audit_engine,
+    audit_model,
+    engine_file_name,
+    finish_engine,
+    format_engine_table,
+    format_table,
+)
 from specaudit.contract import load_decoder
+from specaudit.engine import load_engine
 from specaudit.errors import UsageError
-from specaudit.reproducer import write_failure
+from specaudit.reproducer import write_engine_failure, write_failure
 from specaudit.settings import GateSettings
-from specaudit.violation import Violation
+from specaudit.violation import Violation, render
 
 
 @dataclass(frozen=True)
@@ -90,13 +110,23 @@ def known_message(verdict: Verdict) -> str:
     return "known failures: " + ", ".join(f"{check} {rule}" for check, rule in sorted(verdict.known))
 
 
-def junit_xml(verdicts: list[Verdict], settings: GateSettings, reproducers: dict[int, list[Path]]) -> ET.ElementTree:
-    """One <testsuite name="specaudit-gate"> with one <testcase> per decoder x model."""
+def junit_xml(
+    verdicts: list[Verdict],
+    settings: GateSettings,
+    reproducers: dict[int, list[Path]],
+    engines: list[EngineVerdict] | None = None,
+    engine_reproducers: dict[int, list[Path]] | None = None,
+) -> ET.ElementTree:
+    """One <testsuite name="specaudit-gate"> with one <testcase> per decoder x model, then one per engine."""
+    engines = engines or []
     failures = [judge(v, settings) for v in verdicts]
-    failed = sum(f is not None for f in failures)
+    engine_failures = [judge_engine(v, settings) for v in engines]
+    failed = sum(f is not None for f in failures + engine_failures)
     skipped = sum(f is None and bool(v.known) for f, v in zip(failures, verdicts))
-    total = f"{sum(v.seconds for v in verdicts):.3f}"
-    counts = {"tests": str(len(verdicts)), "failures": str(failed), "errors": "0", "skipped": str(skipped)}
+    skipped += sum(f is None and bool(engine_known(v, settings)) for f, v in zip(engine_failures, engines))
+    total = f"{sum(v.seconds for v in verdicts) + sum(v.run.seconds for v in engines):.3f}"
+    tests = str(len(verdicts) + len(engines))
+    counts = {"tests": tests, "failures": str(failed), "errors": "0", "skipped": str(skipped)}
     suites = ET.Element("testsuites", name="specaudit gate", **counts, time=total)
     suite = ET.SubElement(
         suites,
@@ -118,6 +148,8 @@ def junit_xml(verdicts: list[Verdict], settings: GateSettings, reproducers: dict
         ET.SubElement(props, "property", name=name, value=value)
     for i, (v, failure) in enumerate(zip(verdicts, failures)):
         testcase(suite, v, failure, reproducers.get(i, []))
+    for i, (e, failure) in enumerate(zip(engines, engine_failures)):
+        engine_testcase(suite, e, failure, engine_known(e, settings), (engine_reproducers or {}).get(i, []))
     ET.indent(suites)
     return ET.ElementTree(suites)
 
@@ -154,6 +186,56 @@ def testcase(suite: ET.Element, v: Verdict, failure: Failure | None, reproducers
         out.text = "\n".join(f"reproducer written to {path}" for path in reproducers)
 
 
+def engine_known(v: EngineVerdict, settings: GateSettings) -> list[Violation]:
+    """The engine's violations when --xfails lists every one of them (model `transparent`), else []."""
+    known = [x for x in v.violations if settings.xfails.matches(v.engine, "transparent", x.check, x.rule)]
+    return known if v.violations and len(known) == len(v.violations) else []
+
+
+def judge_engine(v: EngineVerdict, settings: GateSettings) -> Failure | None:
+    """Why an engine fails the gate: its first violation, unless all of them are known failures."""
+    if v.passed or engine_known(v, settings):
+        return None
+    first = v.violations[0]
+    rules = len(v.reproducer["ops"]) if v.reproducer else 0
+    details = f"after {rules} rules:\n{render(v.violations)}\nreproducer: {json.dumps(v.reproducer)}"
+    return Failure(first.check, f"{first.check} violated: {first.render()}", details)
+
+
+def engine_testcase(
+    suite: ET.Element, v: EngineVerdict, failure: Failure | None, known: list[Violation], reproducers: list[Path]
+) -> None:
+    """One engine: the state machine's runs, the admission events and the outcome."""
+    case = ET.SubElement(
+        suite, "testcase", classname=f"specaudit.{v.engine}", name="engine-machine", time=f"{v.run.seconds:.3f}"
+    )
+    j = v.to_json()
+    values = {
+        "engine": v.engine,
+        "model": "transparent",
+        "runs": str(v.run.runs),
+        "rules": str(v.run.rules),
+        "runs_to_failure": "" if j["runs_to_failure"] is None else str(j["runs_to_failure"]),
+        "shrunk_rules": "" if j["minimized_rules"] is None else str(j["minimized_rules"]),
+        "first_check": j["first_check"] or "",
+        "rule": j["rule"] or "",
+        "verdict": "pass" if v.passed else "fail",
+        **{f"event:{what}": f"{share:.3f}" for what, share in v.run.events.items()},
+    }
+    case_props = ET.SubElement(case, "properties")
+    for name, value in values.items():
+        ET.SubElement(case_props, "property", name=name, value=value)
+    if failure is not None:
+        element = ET.SubElement(case, "failure", message=failure.message, type=failure.kind)
+        element.text = failure.details
+    elif known:
+        message = "known failures: " + ", ".join(sorted({f"{x.check} {x.rule}" for x in known}))
+        ET.SubElement(case, "skipped", type="xfail", message=message)
+    if reproducers:
+        out = ET.SubElement(case, "system-out")
+        out.text = "\n".join(f"reproducer written to {path}" for path in reproducers)
+
+
 def _number(value: Any) -> str:
     return "" if value is None else f"{value:.4g}"
 
@@ -165,9 +247,14 @@ def check_outputs(settings: GateSettings) -> None:
         raise UsageError(f"--out {settings.out} exists and is not a directory")
 
 
-def write_outputs(verdicts: list[Verdict], settings: GateSettings) -> dict[int, list[Path]]:
-    """The reproducers of the failing testcases, then the JUnit XML; returns the reproducers' paths."""
+def write_outputs(
+    verdicts: list[Verdict], settings: GateSettings, engines: list[EngineVerdict] | None = None
+) -> dict[int, list[Path]]:
+    """The reproducers of the failing testcases, then the JUnit XML; returns the reproducers' paths
+    (the engines' after the decoders', numbered on)."""
     reproducers: dict[int, list[Path]] = {}
+    engine_reproducers: dict[int, list[Path]] = {}
+    engines = engines or []
     try:
         for i, v in enumerate(verdicts):
             if v.diagnosis is not None:
@@ -175,14 +262,25 @@ def write_outputs(verdicts: list[Verdict], settings: GateSettings) -> dict[int, 
                 reproducers[i] = write_failure(
                     settings.out, name, v.diagnosis, "shrunk by Hypothesis in specaudit gate"
                 )
-        tree = junit_xml(verdicts, settings, reproducers)
+        for i, e in enumerate(engines):
+            if e.reproducer is not None:
+                engine_reproducers[i] = write_engine_failure(
+                    settings.out, engine_file_name(e.engine), e.reproducer, e.violations, "shrunk in specaudit gate"
+                )
+        tree = junit_xml(verdicts, settings, reproducers, engines, engine_reproducers)
         settings.junit.parent.mkdir(parents=True, exist_ok=True)
         tree.write(settings.junit, encoding="utf-8", xml_declaration=True)
     except OSError as exc:
         raise UsageError(
             f"cannot write the gate's output: {exc.filename or ''} {exc.strerror or exc}".strip()
         ) from None
-    return reproducers
+    return {**reproducers, **{len(verdicts) + i: paths for i, paths in engine_reproducers.items()}}
+
+
+def decoders_line(settings: GateSettings) -> str:
+    if not settings.decoders and settings.engines:
+        return "no decoder"
+    return f"{len(settings.decoders)} decoder(s) x {len(settings.models)} model(s)"
 
 
 def run_gate(settings: GateSettings) -> int:
@@ -190,8 +288,11 @@ def run_gate(settings: GateSettings) -> int:
     check_outputs(settings)
     for spec in settings.decoders:
         load_decoder(spec)  # an unloadable decoder is a usage error before anything runs
+    for spec in settings.engines:
+        load_engine(spec)
+    engines_line = f", {len(settings.engines)} engine(s) through the engine state machine" if settings.engines else ""
     print(
-        f"specaudit gate: {len(settings.decoders)} decoder(s) x {len(settings.models)} model(s), "
+        f"specaudit gate: {decoders_line(settings)}{engines_line}, "
         f"{settings.examples} cases each, seed {settings.seed}\n  thresholds: {describe(settings)}"
     )
     progress = Progress(len(settings.decoders) * len(settings.models), enabled=not settings.quiet)
@@ -203,16 +304,25 @@ def run_gate(settings: GateSettings) -> int:
             )
             progress.finish_item(verdict)
             verdicts.append(verdict)
-    print(format_table(verdicts))
-    reproducers = write_outputs(verdicts, settings)
+    engines = []
+    for i, spec in enumerate(settings.engines, 1):
+        engines.append(audit_engine(spec, settings.examples, settings.seed))
+        finish_engine(engines[-1], i, len(settings.engines), settings.quiet)
+    if verdicts:
+        print(format_table(verdicts))
+    if engines:
+        print(("\n" if verdicts else "") + format_engine_table(engines))
+    reproducers = write_outputs(verdicts, settings, engines)
     failures = [judge(v, settings) for v in verdicts]
     for v, failure in zip(verdicts, failures):
         if failure is not None and failure.kind == "threshold":
             print(f"{v.decoder} on {v.model}: {failure.message}")
-    failed = sum(f is not None for f in failures)
+    engine_failures = [judge_engine(e, settings) for e in engines]
+    failed = sum(f is not None for f in failures + engine_failures)
     known = sum(f is None and bool(v.known) for f, v in zip(failures, verdicts))
+    known += sum(f is None and bool(engine_known(e, settings)) for f, e in zip(engine_failures, engines))
     print(
-        f"\n{len(verdicts) - failed - known} passed, {known} known failure(s), {failed} failed: "
+        f"\n{len(verdicts) + len(engines) - failed - known} passed, {known} known failure(s), {failed} failed: "
         f"gate {'FAILED' if failed else 'PASSED'}"
     )
     print(f"JUnit XML: {settings.junit}")

@@ -12,6 +12,8 @@ disk exactly as real weights.
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,13 +54,27 @@ def dtype_kwargs(dtype: torch.dtype | str) -> dict[str, Any]:
     return {key: dtype}
 
 
+def worker_device(dev: torch.device) -> torch.device:
+    """Plain `cuda` in a pytest-xdist worker: worker gwN takes cuda:(N % device count), so
+    `pytest -n N` on a multi-GPU machine puts one worker per GPU (N up to the count) instead of
+    every worker on cuda:0. An explicit index, another device type, or no worker: unchanged."""
+    worker = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
+    if dev.type != "cuda" or dev.index is not None or worker is None:
+        return dev
+    count = torch.cuda.device_count()
+    return torch.device("cuda", int(worker.group(1)) % count) if count else dev
+
+
 def resolve_device(device: str) -> torch.device:
+    """The torch device for `--device`, checked to exist; plain `cuda` under xdist is the
+    worker's GPU (`worker_device`)."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise RealModelError(f"invalid device {device!r}: {_one_line(exc)}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RealModelError(f"device {device!r} is not available (torch.cuda.is_available() is False)")
+    dev = worker_device(dev)
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise RealModelError(f"device {device!r} is not available ({torch.cuda.device_count()} CUDA device(s))")
     if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):

@@ -18,13 +18,22 @@ Exit status: 1 when the decoder fails the case (files written), 0 when it passes
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from specaudit.contract import load_decoder
 from specaudit.ddmin import CasePasses, MinimizeResult, minimize_case
 from specaudit.errors import UsageError
-from specaudit.reproducer import identifier, load_case, write_failure
-from specaudit.settings import MinimizeSettings
+from specaudit.reproducer import (
+    identifier,
+    load_case,
+    load_engine_reproducer,
+    replay_engine_rules,
+    write_engine_failure,
+    write_failure,
+)
+from specaudit.settings import EngineMinimizeSettings, MinimizeSettings
+from specaudit.violation import render
 
 
 def output_name(case_file: Path, out: Path) -> str:
@@ -74,3 +83,45 @@ def report(settings: MinimizeSettings, result: MinimizeResult) -> None:
     print(f"\nreproducer:      {reproducer}")
     print(f"regression test: {test}")
     print(f"  pytest {test} --specaudit-decoder {settings.decoder}")
+
+
+def minimize_engine(settings: EngineMinimizeSettings) -> int:
+    """`specaudit minimize FILE --engine X` on an engine reproducer: ddmin over its rules
+    (`specaudit.engine_machine.minimize_ops`), keeping the first check and rule; writes the
+    reproducer and regression test. Exit 1 (the engine fails the rules) or 0 (it passes)."""
+    from specaudit.engine import load_engine
+    from specaudit.engine_machine import ReproducerPasses, minimize_ops
+
+    reproducer = load_engine_reproducer(settings.case, settings.engine)
+    load_engine(reproducer["engine"])
+    if settings.out.exists() and not settings.out.is_dir():
+        raise UsageError(f"--out {settings.out} exists and is not a directory")
+    engine = reproducer["engine"]
+    print(f"specaudit minimize: {settings.case} ({len(reproducer['ops'])} rules) against {engine}")
+    built = replay_engine_rules(dict(reproducer, ops=[]))
+    if built:  # nothing to shrink: the engine fails before the first rule
+        print(f"{engine} fails before any rule:\n{render(built)}")
+        return 1
+    try:
+        result = minimize_ops(reproducer, settings.budget)
+    except ReproducerPasses:
+        print(f"{engine} passes every check on {settings.case}: nothing to minimize")
+        return 0
+    print(render(result.violations))
+    print(f"\nminimized rules ({result.summary()}):")
+    for op in result.reproducer["ops"]:
+        print(f"  {json.dumps(op)}")
+    try:
+        paths = write_engine_failure(
+            settings.out,
+            output_name(settings.case, settings.out),
+            result.reproducer,
+            result.violations,
+            result.summary(),
+        )
+    except OSError as exc:
+        raise UsageError(f"cannot write to {settings.out}: {exc.strerror or exc}") from None
+    print(f"\nreproducer:      {paths[0]}")
+    print(f"regression test: {paths[1]}")
+    print(f"  pytest {paths[1]}   (SPECAUDIT_ENGINE=MODULE:ATTR to run it against another engine)")
+    return 1

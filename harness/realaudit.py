@@ -16,23 +16,34 @@ real models) and its transplant (`transplant_*.json`, see `specaudit.transplant`
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from specaudit.audit import merge_statuses
+from specaudit.calibration import NoiseFloor
 from specaudit.contract import load_decoder
 from specaudit.diagnosis import Diagnosis, diagnose
 from specaudit.errors import UsageError
 from specaudit.fixtures.pairs import DTYPES
 from specaudit.loading import load_pair, read_prompts, special_ids, tokenize
-from specaudit.realmodel import RealRun, audit_batch, run_real
+from specaudit.noise import measure_noise
+from specaudit.pretrained import cache_dir
+from specaudit.realmodel import RealRun, audit_batch, run_batch, run_real, timed_call
+from specaudit.reference.batched import BatchedGreedy
 from specaudit.reproducer import write_failure
 from specaudit.runner import run_case
 from specaudit.settings import RealAuditSettings
 from specaudit.transplant import transplant
 from specaudit.violation import render
+
+CONTROL = "specaudit.reference.batched:BatchedGreedy"
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def _pct(x: float) -> str:
@@ -57,6 +68,9 @@ def batch_line(run: RealRun, diagnosis: Diagnosis) -> str:
         f"I2 on {run.sampled_calls}/{len(run.recording.target_calls)} target calls  "
         f"overhead: recording {_pct(run.record_overhead)}, checks {_pct(run.check_overhead)}"
     )
+    ties = numerics_line(run)
+    if ties:
+        line += f"\n    within the measured noise: {ties}"
     if not diagnosis.passed:
         line += f"\n    first violated check: {diagnosis.first_check}; "
         line += f"signature: {diagnosis.signature} ({diagnosis.reason})"
@@ -64,6 +78,71 @@ def batch_line(run: RealRun, diagnosis: Diagnosis) -> str:
     if run.baseline_outputs is not None and run.outputs is not None and run.baseline_outputs != run.outputs:
         line += "\n    note: the instrumented run's output differs from the un-instrumented run's (nondeterminism?)"
     return line
+
+
+def numerics_line(run: RealRun) -> str:
+    """The rows that are equivalent modulo numerics: where they took the other side of a tie, by how much."""
+    if run.outputs is None or "equivalence" not in run.memo:
+        return ""
+    rows = [r for r in run.memo["equivalence"].rows if r.ties]
+    return "; ".join(f"row {r.row}: {r.numerics()}" for r in rows)
+
+
+def control_match(runs: list[RealRun], target: Any, draft: Any, timeout_s: float) -> float:
+    """Exact-match rate of the batched non-speculative control on the same batches, against the
+    same oracle: the divergence batched arithmetic alone causes."""
+    exact = rows = 0
+    for run in runs:
+        outputs, _, _, _ = timed_call(CONTROL, BatchedGreedy, target, draft, run.case, timeout_s)
+        expected = [list(o.tokens) for o in run.oracle]
+        exact += sum(o == e for o, e in zip(outputs or [], expected))
+        rows += len(expected)
+    return exact / max(rows, 1)
+
+
+def second_witness(run: RealRun, noise: NoiseFloor, draft: Any, settings: RealAuditSettings) -> Diagnosis:
+    """A failing low-precision batch re-run with both models in the witness's precision, every call
+    checked: a bug that shows there too is not a low-precision accident."""
+    target = noise.witness
+    dtype = next(n for n, d in DTYPES.items() if d == target.dtype)
+    higher = copy.deepcopy(draft).to(target.dtype)
+    floor = measure_noise(
+        target,
+        run.case.prompts,
+        label=noise.model,
+        steps=settings.max_new_tokens,
+        pad_token_id=run.case.pad_token_id,
+        store=cache_dir() / "calibration",
+    )
+    case = replace(run.case, dtype=dtype)
+    again = run_batch(
+        run.decoder,
+        run.factory or load_decoder(run.decoder),
+        case,
+        target,
+        higher,
+        sample=lambda i: True,
+        sample_rate=1.0,
+        batch=run.batch,
+        baseline=False,
+        timeout_s=settings.timeout_s,
+    )
+    again.noise = floor
+    return audit_batch(again)
+
+
+def witness_line(run: RealRun, diagnosis: Diagnosis, second: Diagnosis | None) -> str:
+    """Which witness decided a failure."""
+    if second is None:
+        return f"    decided by the {run.case.dtype} run (no higher-precision re-run needed)"
+    same = (second.first_check, second.signature) == (diagnosis.first_check, diagnosis.signature)
+    if second.passed:
+        return (
+            f"    decided by the {run.case.dtype} run; the {second.case.dtype} witness passes "
+            f"({second.verdict}): the fault shows only in low precision, beyond its measured noise"
+        )
+    agree = "the same check and signature" if same else f"{second.first_check}, {second.signature}"
+    return f"    decided by both witnesses: the {second.case.dtype} re-run fails too ({agree})"
 
 
 def write_reproducers(out: Path, run: RealRun, diagnosis: Diagnosis) -> tuple[list[str], list[str]]:
@@ -110,7 +189,9 @@ def batch_report(run: RealRun, diagnosis: Diagnosis, checks: dict[str, str], rep
     }
 
 
-def overall(runs: list[RealRun], diagnoses: list[Diagnosis], checks: dict[str, str], rate: float) -> str:
+def overall(
+    runs: list[RealRun], diagnoses: list[Diagnosis], checks: dict[str, str], rate: float, control: float
+) -> str:
     """A decoder's verdict over every batch: match, checks, throughput, sampling and overhead."""
     rows = sum(len(r.case.prompts) for r in runs)
     exact = sum(d.exact_match * len(r.case.prompts) for d, r in zip(diagnoses, runs)) / max(rows, 1)
@@ -121,7 +202,8 @@ def overall(runs: list[RealRun], diagnoses: list[Diagnosis], checks: dict[str, s
     verdicts = ", ".join(sorted({d.verdict for d in diagnoses}))
     return (
         f"  overall: {'FAIL' if first else 'PASS'} ({verdicts})  {rows} rows, exact match {exact:.2f}, "
-        f"partial match {partial:.2f}, ties {sum(d.ties for d in diagnoses)}"
+        f"partial match {partial:.2f}, ties {sum(d.ties for d in diagnoses)} "
+        f"(batched control without speculation: exact match {control:.2f})"
         + (f"; first violated check {first.first_check}, signature {first.signature}" if first else "")
         + "\n  checks: "
         + ", ".join(f"{check} {'FAIL' if status == 'fail' else status}" for check, status in checks.items())
@@ -139,7 +221,7 @@ def run_real_audit(settings: RealAuditSettings) -> int:
     factories = {spec: load_decoder(spec) for spec in settings.decoders}
     prompts = read_prompts(settings.prompts)[: settings.max_prompts]
     target, draft, tokenizer = load_pair(settings.target, settings.draft, settings.device, settings.dtype)
-    tokenize(tokenizer, prompts)  # bad prompts are input errors, before any decoding
+    tokens = tokenize(tokenizer, prompts)  # bad prompts are input errors, before any decoding
     eos, pad = special_ids(tokenizer)
     dtype = next((n for n, d in DTYPES.items() if d == target.dtype), str(target.dtype))
     print(
@@ -151,6 +233,16 @@ def run_real_audit(settings: RealAuditSettings) -> int:
         f"sampled {settings.check_rate:.0%} of target calls (seed {settings.seed})",
         flush=True,
     )
+    noise = measure_noise(
+        target,
+        tokens,
+        label=str(settings.target),
+        steps=settings.max_new_tokens,
+        pad_token_id=pad,
+        store=cache_dir() / "calibration",
+    )
+    print(f"  noise floor: {noise.render()}", flush=True)
+    control: float | None = None
     failed = 0
     report: list[dict[str, Any]] = []
     for spec in settings.decoders:
@@ -168,8 +260,11 @@ def run_real_audit(settings: RealAuditSettings) -> int:
             model_name=str(settings.target),
             timeout_s=settings.timeout_s,
             factory=factories[spec],
+            noise=noise,
         )
         print(f"\n{spec}:", flush=True)
+        if control is None:
+            control = control_match(runs, target, draft, settings.timeout_s)
         diagnoses, statuses = [], []
         for run in runs:
             diagnosis = audit_batch(run)
@@ -177,12 +272,15 @@ def run_real_audit(settings: RealAuditSettings) -> int:
             diagnoses.append(diagnosis)
             statuses.append(checks)
             print(batch_line(run, diagnosis), flush=True)
+            if not diagnosis.passed and run.outputs is not None:
+                second = second_witness(run, noise, draft, settings) if target.dtype in LOW_PRECISION else None
+                print(witness_line(run, diagnosis, second), flush=True)
             written: list[str] = []
             if not diagnosis.passed and settings.out is not None:
                 lines, written = write_reproducers(settings.out, run, diagnosis)
                 print("\n".join(lines), flush=True)
             report.append(batch_report(run, diagnosis, checks, written))
-        print(overall(runs, diagnoses, merge_statuses(statuses), settings.check_rate), flush=True)
+        print(overall(runs, diagnoses, merge_statuses(statuses), settings.check_rate, control), flush=True)
         failed += not all(d.passed for d in diagnoses)
     print(f"\n{len(settings.decoders) - failed} passed, {failed} failed")
     if settings.out is not None:

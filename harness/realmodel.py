@@ -2,12 +2,15 @@
 
 Per batch of prompts (token ids, cut by `run_real`):
 
-  1. oracle:    batch-size-1 greedy decoding of every prompt with the target (`oracle_for`);
+  1. oracle:    batch-size-1 greedy decoding of every prompt with the target (`oracle_for`),
+                keeping its final cache on the CPU: I2's batch-size-1 reference K/V for every
+                row that matches the oracle, so only diverged rows cost another forward;
   2. baseline:  the decoder once on the un-instrumented models: its wall time gives tokens/s;
   3. audited:   the decoder again on the instrumented models; I1 is checked on every target
-                call, I2 (the K/V comparison with a batch-size-1 run, the expensive part) only
-                on a sampled share of the target calls, drawn by `make_sampler` from a
-                `random.Random` seeded by (seed, batch): the same seed samples the same calls;
+                call, I2 (the K/V comparison with the batch-size-1 entries, judged against the
+                measured noise floor when `noise` is given) only on a sampled share of the
+                target calls, drawn by `make_sampler` from a `random.Random` seeded by
+                (seed, batch): the same seed samples the same calls;
   4. verdict:   `audit_batch`: I1 + I2 timed, then `specaudit.diagnosis.diagnose` (tie-aware
                 equivalence, the first violated check and the paper's signature). A diverging
                 row is re-run alone through `RealRun.rerun`, on the same decoder and models
@@ -30,6 +33,7 @@ from typing import Any
 
 import torch
 
+from specaudit.calibration import NoiseFloor
 from specaudit.case import Case
 from specaudit.checks import check_i1, check_i2
 from specaudit.compat import cache_keyword
@@ -213,19 +217,26 @@ def real_case(
 
 
 def oracle_for(
-    target: torch.nn.Module, case: Case, memo: dict[tuple[int, ...], OracleResult] | None = None
+    target: torch.nn.Module,
+    case: Case,
+    memo: dict[tuple[int, ...], OracleResult] | None = None,
+    *,
+    keep_kv: bool = True,
 ) -> tuple[list[OracleResult], float]:
-    """Batch-size-1 greedy results for the case's prompts (memoized per prompt) and the seconds spent."""
+    """Batch-size-1 greedy results for the case's prompts (memoized per prompt) and the seconds spent.
+
+    `keep_kv`: each result keeps the oracle's final cache (`OracleResult.kv`), which I2 slices as
+    its reference K/V; False leaves I2 a batch-size-1 forward per row sequence (the old path)."""
     memo = {} if memo is None else memo
     device = model_device(target)
     spent = 0.0
     out = []
     for prompt in case.prompts:
-        if prompt not in memo:
+        if prompt not in memo or (keep_kv and memo[prompt].kv is None):
             _sync(device)
             t0 = time.perf_counter()
             memo[prompt] = greedy_oracle(
-                target, prompt, max_new_tokens=case.max_new_tokens, eos_token_id=case.eos_token_id
+                target, prompt, max_new_tokens=case.max_new_tokens, eos_token_id=case.eos_token_id, keep_kv=keep_kv
             )
             _sync(device)
             spent += time.perf_counter() - t0
@@ -282,8 +293,11 @@ def run_batch(
     oracle: list[OracleResult] | None = None,
     oracle_seconds: float = 0.0,
     timeout_s: float = 600.0,
+    noise: NoiseFloor | None = None,
 ) -> RealRun:
-    """One batch: optional un-instrumented timing run, then the instrumented run."""
+    """One batch: optional un-instrumented timing run, then the instrumented run. `noise`: the
+    measured noise floor of the target (model, dtype, device) that I2 judges K/V against; None
+    keeps the dtype's fixed tolerances."""
     judge = checks_target(target)
     if oracle is None:
         oracle, oracle_seconds = oracle_for(judge, case)
@@ -294,20 +308,7 @@ def run_batch(
         outputs, error, seconds, decoder = timed_call(decoder_spec, factory, target, draft, case, timeout_s)
     scripts = [RequestScript(p, o.tokens, ()) for p, o in zip(case.prompts, oracle)]
 
-    def rerun(sub: Case) -> Run:
-        return run_batch(
-            decoder_spec,
-            factory,
-            sub,
-            target,
-            draft,
-            sample=lambda i: True,
-            sample_rate=1.0,
-            baseline=False,
-            timeout_s=timeout_s,
-        )
-
-    return RealRun(
+    run = RealRun(
         case=case,
         decoder=decoder_spec,
         outputs=outputs,
@@ -323,8 +324,27 @@ def run_batch(
         baseline_seconds=baseline_seconds,
         baseline_outputs=baseline_outputs,
         oracle_seconds=oracle_seconds,
-        rerun=rerun,
+        noise=noise,
     )
+
+    def rerun(sub: Case) -> Run:
+        """The same decoder and models on `sub`, every call checked, judged against the run's noise
+        floor as it is when the re-run happens (a floor set on the run later still applies)."""
+        return run_batch(
+            decoder_spec,
+            factory,
+            sub,
+            target,
+            draft,
+            sample=lambda i: True,
+            sample_rate=1.0,
+            baseline=False,
+            timeout_s=timeout_s,
+            noise=run.noise,
+        )
+
+    run.rerun = rerun
+    return run
 
 
 def warm_up(
@@ -354,12 +374,14 @@ def run_real(
     baseline: bool = True,
     timeout_s: float = 600.0,
     factory: Any = None,
+    noise: NoiseFloor | None = None,
 ) -> list[RealRun]:
     """Run `decoder_spec` on the prompts in batches of `batch_size`; one RealRun (a Run) per batch.
 
     The models must already be on `device` (default: the target's). Sampling of the I2
     snapshots is deterministic in `seed` (see `make_sampler`). With `baseline`, each batch
-    first runs un-instrumented for its timing, after one short warm-up call.
+    first runs un-instrumented for its timing, after one short warm-up call. `noise` is the
+    target's measured noise floor (`specaudit.calibration`), passed to every batch's I2.
     """
     if batch_size < 1:
         raise RealModelError("--batch-size must be at least 1")
@@ -403,6 +425,7 @@ def run_real(
                 oracle=oracle,
                 oracle_seconds=oracle_seconds,
                 timeout_s=timeout_s,
+                noise=noise,
             )
         )
     return runs

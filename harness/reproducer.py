@@ -21,6 +21,7 @@ from specaudit.diagnosis import Diagnosis, diagnose
 from specaudit.errors import UsageError
 from specaudit.models import check_model
 from specaudit.runner import Run, run_case
+from specaudit.settings import EngineReplaySettings
 from specaudit.violation import Violation, render
 
 EVIDENCE_LIMIT = 20
@@ -149,3 +150,168 @@ def replay(case_file: Path, decoder: str) -> Diagnosis:
 
     case = load_case(case_file)
     return diagnose(run_case(decoder, case, factory=load_decoder(decoder)))
+
+
+# ---------------------------------------------------------------------------------------
+# Engine reproducers: a logged rule sequence of the engine state machine (a file with "ops")
+
+ENGINE_KEYS = ("engine", "num_draft_tokens", "eos_token_id", "pad_token_id", "ops")
+ENGINE_OPS = {"add": ("id", "prompt", "max_new_tokens", "accept"), "step": (), "abort": ("id",), "drain": ()}
+"""Each rule of an engine reproducer and the fields it needs (`specaudit.engine_machine.replay`)."""
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not JSON: {exc}") from None
+
+
+def is_engine_reproducer(path: Path) -> bool:
+    """A readable JSON object with an "ops" key: an engine reproducer, not a case file (an
+    unreadable file is left to the case loader's own message)."""
+    try:
+        document = read_json(path)
+    except UsageError:
+        return False
+    return isinstance(document, dict) and "ops" in document
+
+
+def load_engine_reproducer(path: Path, engine: str | None = None) -> dict[str, Any]:
+    """An engine reproducer, checked field by field (UsageError naming what is wrong); `engine`
+    replaces the engine it names."""
+    document = read_json(path)
+    if not isinstance(document, dict):
+        raise UsageError(f"{path}: an engine reproducer is a JSON object")
+    missing = [key for key in ENGINE_KEYS if key not in document]
+    if missing:
+        raise UsageError(f"{path}: engine reproducer lacks {', '.join(missing)}")
+    if not isinstance(document["ops"], list):
+        raise UsageError(f"{path}: 'ops' must be a list of rules")
+    for i, op in enumerate(document["ops"]):
+        kind = op.get("op") if isinstance(op, dict) else None
+        if kind not in ENGINE_OPS:
+            raise UsageError(f"{path}: rule {i} is {op!r}; rules are {', '.join(ENGINE_OPS)}")
+        lacking = [key for key in ENGINE_OPS[kind] if key not in op]
+        if lacking:
+            raise UsageError(f"{path}: rule {i} ({kind}) lacks {', '.join(lacking)}")
+    if engine is not None:
+        document["engine"] = engine
+    return document
+
+
+def engine_failure_record(reproducer: dict[str, Any], violations: list[Violation]) -> dict[str, Any]:
+    """What an engine reproducer file holds: the rules to replay, then the evidence they gave."""
+    first = violations[0] if violations else None
+    return dict(
+        reproducer,
+        first_check=first.check if first else None,
+        rule=first.rule if first else None,
+        evidence=[asdict(v) for v in violations[:EVIDENCE_LIMIT]],
+    )
+
+
+_ENGINE_TEMPLATE = '''"""Regression test written by specaudit: a minimized failing engine rule sequence, embedded.
+
+Run it with `pytest THIS_FILE`: it replays the rules against the engine that failed them
+(below), so it fails until that engine is fixed; `SPECAUDIT_ENGINE=MODULE:ATTR pytest THIS_FILE`
+runs it against another engine (the reference engines pass it).
+"""
+
+# Failed by:     {engine}
+# Failure class: first check {first_check}, rule {rule}
+# Minimized:     {summary}
+# Evidence when written:
+{evidence}
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from specaudit.engine_machine import replay
+from specaudit.violation import render
+
+pytestmark = pytest.mark.specaudit
+
+REPRODUCER = {reproducer}
+
+
+def test_regression_{name}() -> None:
+    """The engine passes every check of the engine state machine on these rules."""
+    engine = os.environ.get("SPECAUDIT_ENGINE") or REPRODUCER["engine"]
+    violations = replay(dict(REPRODUCER, engine=engine))
+    assert violations == [], f"{{engine}} after {{len(REPRODUCER['ops'])}} rules:\\n{{render(violations)}}"
+'''
+
+
+def engine_regression_test_source(
+    reproducer: dict[str, Any], violations: list[Violation], name: str, summary: str = ""
+) -> str:
+    """A ready pytest file holding the rules as a Python literal; free text only in comments."""
+    first = violations[0] if violations else None
+    rules = {key: reproducer[key] for key in ENGINE_KEYS}
+    return _ENGINE_TEMPLATE.format(
+        engine=str(reproducer["engine"]).replace("\n", " "),
+        first_check=first.check if first else "-",
+        rule=first.rule if first else "-",
+        summary=summary.replace("\n", " ") or "-",
+        evidence=_comment(render(violations)),
+        reproducer=pprint.pformat(rules, indent=1, width=100, sort_dicts=False),
+        name=identifier(name),
+    )
+
+
+def write_engine_failure(
+    directory: Path,
+    name: str,
+    reproducer: dict[str, Any],
+    violations: list[Violation],
+    summary: str = "",
+    *,
+    test: bool = True,
+) -> list[Path]:
+    """`DIR/<name>.json` (replayable with `specaudit replay FILE --engine X`) and, with `test`,
+    `DIR/test_regression_<name>.py`; returns the paths written."""
+    name = identifier(name)
+    path = Path(directory) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(engine_failure_record(reproducer, violations), indent=1) + "\n")
+    paths = [path]
+    if test:
+        test_path = Path(directory) / f"test_regression_{name}.py"
+        test_path.write_text(engine_regression_test_source(reproducer, violations, name, summary))
+        paths.append(test_path)
+    return paths
+
+
+def replay_engine_rules(reproducer: dict[str, Any]) -> list[Violation]:
+    """`specaudit.engine_machine.replay`, with an engine that does not build ('engine-builds')
+    reported as its violation rather than raised."""
+    from specaudit.contract import ContractError
+    from specaudit.engine_machine import replay as replay_rules
+
+    try:
+        return replay_rules(reproducer)
+    except ContractError as exc:
+        return [Violation("contract", exc.rule, exc.found, exc.expected, evidence=exc.evidence)]
+
+
+def replay_engine(settings: EngineReplaySettings) -> int:
+    """`specaudit replay FILE --engine X` on an engine reproducer: the rules run again, every
+    check after every step; prints the violations (or that it passes), exit 1 / 0."""
+    from specaudit.engine import load_engine
+
+    reproducer = load_engine_reproducer(settings.case, settings.engine)
+    load_engine(reproducer["engine"])  # an unloadable engine is a usage error
+    violations = replay_engine_rules(reproducer)
+    if settings.json:
+        print(json.dumps(engine_failure_record(reproducer, violations), indent=1))
+    elif violations:
+        print(f"{reproducer['engine']} fails {settings.case} ({len(reproducer['ops'])} rules):\n{render(violations)}")
+    else:
+        print(f"{reproducer['engine']} passes every check on {settings.case} ({len(reproducer['ops'])} rules)")
+    return 1 if violations else 0

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from specaudit.calibration import NoiseFloor
 from specaudit.case import Case
 from specaudit.contract import (
     ContractError,
@@ -46,6 +47,7 @@ class Run:
     seconds: float
     instance: Any = None  # the decoder object, for its declared capabilities (e.g. max_wait_calls)
     factory: Any = None  # what the user gave (class, factory function, configured callable): re-run with this
+    noise: NoiseFloor | None = None  # measured batched-arithmetic noise (real models); None: fixed tolerances
     memo: dict[str, Any] = field(default_factory=dict)  # derived views, computed once per run
 
     @property

@@ -8,8 +8,7 @@ shrunk case further, keeping its failure class. The result is what gets diagnose
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 from specaudit.case import Case
 from specaudit.contract import load_decoder
 from specaudit.ddmin import minimize_case
+from specaudit.determinism import without_local_constants
 from specaudit.registry import all_violations
 from specaudit.runner import Run, run_case
 from specaudit.strategies import cases
@@ -37,27 +37,6 @@ class SearchResult:
     @property
     def found(self) -> bool:
         return self.minimal is not None
-
-
-@contextmanager
-def _without_local_constants() -> Iterator[None]:
-    """Hypothesis mixes literals from every local module imported so far into its draws, so the
-    cases of a seed would depend on what the process imported before (the user's decoder, other
-    tests on the same xdist worker). Without them the seed alone decides the cases."""
-    try:
-        from hypothesis.internal.conjecture import providers
-        from hypothesis.internal.constants_ast import Constants
-    except ImportError:  # pragma: no cover - a Hypothesis without local constants
-        yield
-        return
-    original, empty = providers._get_local_constants, Constants()
-    providers.CONSTANTS_CACHE.cache.clear()
-    providers._get_local_constants = lambda: empty
-    try:
-        yield
-    finally:
-        providers._get_local_constants = original
-        providers.CONSTANTS_CACHE.cache.clear()
 
 
 class _Failed(Exception):
@@ -124,7 +103,7 @@ def search(
             raise _Failed(case)
 
     try:
-        with _without_local_constants():
+        with without_local_constants():
             prop()
     except _Failed as failed:  # Hypothesis re-raises the minimal case's failure last
         result.minimal = failed.case

@@ -19,7 +19,9 @@ REAL_DTYPES = ("auto", *DTYPE_NAMES)
 """Real-model `--dtype` choices: the checkpoint's own ("auto") or a built-in dtype name."""
 
 DEFAULT_EXAMPLES = 25
-DEFAULT_CHECK_RATE = 0.25
+DEFAULT_CHECK_RATE = 1.0
+"""I2 on every target call: with its reference sliced from the oracle's own cache it costs at most
++13% of the decoder's time on SmolLM2 on the CPU (bench/results/overhead.md); lower it on a GPU."""
 DEFAULT_JUNIT = Path("specaudit-junit.xml")
 DEFAULT_GATE_OUT = Path("specaudit-out") / "gate"
 DEFAULT_MINIMIZE_OUT = Path("specaudit-out") / "minimized"
@@ -47,6 +49,7 @@ class AuditSettings:
     seed: int = 0
     quiet: bool = False
     out: Path | None = None
+    engines: tuple[str, ...] = ()  # engines named with --engine (the engine state machine)
 
     def __post_init__(self) -> None:
         at_least("--examples", self.examples, 1)
@@ -65,6 +68,7 @@ class GateSettings:
     min_exact_match: float = 0.0
     xfails: KnownFailures = field(default_factory=KnownFailures)
     quiet: bool = False
+    engines: tuple[str, ...] = ()  # engines named with --engine, each through the engine state machine
 
     def __post_init__(self) -> None:
         at_least("--examples", self.examples, 1)
@@ -122,6 +126,29 @@ class MinimizeSettings:
 
     case: Path
     decoder: str
+    out: Path = DEFAULT_MINIMIZE_OUT
+    budget: int = DEFAULT_MINIMIZE_BUDGET
+
+    def __post_init__(self) -> None:
+        at_least("--budget", self.budget, 1)
+
+
+@dataclass(frozen=True)
+class EngineReplaySettings:
+    """`specaudit replay FILE --engine E` on an engine reproducer (a file with "ops"); no
+    engine: the one the file names."""
+
+    case: Path
+    engine: str | None = None
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class EngineMinimizeSettings:
+    """`specaudit minimize FILE --engine E`: delta-debug an engine reproducer's rules."""
+
+    case: Path
+    engine: str | None = None
     out: Path = DEFAULT_MINIMIZE_OUT
     budget: int = DEFAULT_MINIMIZE_BUDGET
 

@@ -1,7 +1,8 @@
 """`specaudit suite [pytest arguments]`: the installed conformance suite, from any directory.
 
 The same run as `pytest properties/ ...` in a checkout: the arguments go to pytest unchanged
-(`--decoder`, `--models`, `-n`, `-x`, `--hypothesis-profile` ...). The current directory is
+(`--decoder`, `--engine`, `--models`, `-n`, `-x`, `--hypothesis-profile` ...); `--engine`
+without `--decoder` runs the engine state machine's property alone. The current directory is
 put on the import path, in this process and in xdist workers, so `--decoder mymod:MyDecoder`
 finds a module that sits beside the caller.
 """
@@ -12,13 +13,30 @@ import os
 import sys
 from pathlib import Path
 
-USAGE = "usage: specaudit suite --decoder MODULE:ATTR [--models NAMES] [pytest arguments]"
+USAGE = (
+    "usage: specaudit suite --decoder MODULE:ATTR [--models NAMES] [pytest arguments]\n"
+    "       specaudit suite --engine MODULE:ATTR [pytest arguments]"
+)
+ENGINE_PROPERTIES = "test_engines.py"
+"""The engine state machine's property: `--engine` without `--decoder` runs it alone."""
 
 
 def suite_dir() -> Path:
     import specaudit.properties
 
     return Path(specaudit.properties.__file__).resolve().parent
+
+
+def names(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def targets(args: list[str]) -> list[str]:
+    """What pytest collects: the whole suite, or with `--engine` and no `--decoder` the engine
+    property only (the batch properties would audit the reference decoders again)."""
+    if names(args, "--engine") and not names(args, "--decoder"):
+        return [str(suite_dir() / ENGINE_PROPERTIES)]
+    return [str(suite_dir())]
 
 
 def run_suite(args: list[str]) -> int:
@@ -34,5 +52,5 @@ def run_suite(args: list[str]) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
     # specaudit is imported already (this CLI): pytest cannot assertion-rewrite its plugin, and need not say so.
     quiet = ["-W", "ignore::pytest.PytestAssertRewriteWarning"]
-    code = int(pytest.main([str(suite_dir()), "-p", "no:cacheprovider", *quiet, *args]))
+    code = int(pytest.main([*targets(args), "-p", "no:cacheprovider", *quiet, *args]))
     return 2 if code == int(pytest.ExitCode.USAGE_ERROR) else code

@@ -1,6 +1,7 @@
 """The conformance suite's configuration: it applies only where the suite runs.
 
-Adds the short `--decoder`/`--models` spellings of the plugin's `--specaudit-*` options,
+Adds the short `--decoder`/`--models` spellings of the plugin's `--specaudit-*` options and
+`--engine` for continuous-batching engines (`properties/test_engines.py`),
 registers and loads specaudit's Hypothesis profiles (`specaudit-ci` when `CI` is set,
 `specaudit-dev` otherwise, unless `--hypothesis-profile` says), and keeps each xdist worker on
 one torch thread.
@@ -35,6 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAMES",
         help="comma-separated built-in models, as --specaudit-models",
     )
+    add_engine_option(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -49,3 +51,26 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------------------------------
+# Engines (the step-wise contract): `--engine MODULE:ATTR`, default the reference engines
+
+
+def add_engine_option(parser: pytest.Parser) -> None:
+    parser.getgroup("specaudit").addoption(
+        "--engine",
+        dest="specaudit_engine",
+        action="append",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="continuous-batching engine under test (repeatable); default: the reference engines",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "engine_spec" in metafunc.fixturenames:
+        from specaudit.engine_machine import DEFAULT_ENGINES
+
+        specs = metafunc.config.getoption("specaudit_engine", default=None) or list(DEFAULT_ENGINES)
+        metafunc.parametrize("engine_spec", specs)

@@ -52,7 +52,7 @@ def mask_in_place(
 ) -> BatchState:
     """Realignment by masking: nothing moves, rejected slots stay in the cache with mask 0, the
     cache grows by K + 1 slots per round; finished rows are dropped."""
-    block = (torch.arange(k + 1)[None, :] <= accepted[:, None]).long()  # [B, K + 1] pending + accepted
+    block = (torch.arange(k + 1, device=accepted.device)[None, :] <= accepted[:, None]).long()  # [B, K + 1]
     active = (~finished).nonzero()[:, 0]  # [B']
     mask = torch.cat([state.mask, block], dim=1)[active]  # [B', S + K + 1]
     draft_mask = torch.cat([state.draft_mask, block], dim=1)[active]
@@ -214,7 +214,7 @@ class RejectedKvAttended(EqSpec):
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
     ) -> BatchState:
-        everything = torch.ones(accepted.shape[0], k + 1, dtype=torch.bool)  # rejected slots stay attended
+        everything = torch.ones(accepted.shape[0], k + 1, dtype=torch.bool, device=accepted.device)  # all attended
         keep = torch.cat([state.mask.bool(), everything], dim=1)
         draft_keep = torch.cat([state.draft_mask.bool(), everything], dim=1)
         return self.gather_rows(state, keep, draft_keep, bonus, finished)
@@ -286,7 +286,7 @@ class DraftCacheNotRolledBack(EqSpec):
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
     ) -> BatchState:
-        block = torch.arange(k + 1)[None, :] <= accepted[:, None]
+        block = torch.arange(k + 1, device=accepted.device)[None, :] <= accepted[:, None]
         keep = torch.cat([state.mask.bool(), block], dim=1)
         draft_keep = torch.cat([state.draft_mask.bool(), torch.ones_like(block)], dim=1)  # nothing rolled back
         return self.gather_rows(state, keep, draft_keep, bonus, finished)
@@ -412,7 +412,8 @@ class PadsAccumulate(EqSpec):
     ) -> BatchState:
         new = mask_in_place(state, accepted, bonus, k, finished)
         width = new.mask.shape[1]
-        left_padded = (torch.arange(width)[None, :] >= width - new.mask.sum(1, keepdim=True)).long()  # [B', W]
+        arange = torch.arange(width, device=new.mask.device)
+        left_padded = (arange[None, :] >= width - new.mask.sum(1, keepdim=True)).long()  # [B', W]
         new.mask = new.draft_mask = left_padded
         return new
 
@@ -477,7 +478,7 @@ class PositionsFromArange(EqSpec):
         return super().prefill(target, draft, input_ids, attention_mask)
 
     def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
-        return mask.shape[1] - self.prefill_pads[state.rows][:, None] + torch.arange(width)
+        return mask.shape[1] - self.prefill_pads[state.rows][:, None] + torch.arange(width, device=mask.device)
 
 
 class BatchUniformCacheOffset(EqSpec):
@@ -491,7 +492,7 @@ class BatchUniformCacheOffset(EqSpec):
     bug = BugInfo("batch-uniform cache offset", "HF defaults", "position-id", "I2", False, False)
 
     def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
-        return (mask.shape[1] + torch.arange(width)).expand(mask.shape[0], width)
+        return (mask.shape[1] + torch.arange(width, device=mask.device)).expand(mask.shape[0], width)
 
 
 class VerifyPositionOffByOne(EqSpec):
@@ -505,7 +506,7 @@ class VerifyPositionOffByOne(EqSpec):
 
     def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
         shift = 1 if role == "target" else 0
-        return mask.sum(1, keepdim=True) + shift + torch.arange(width)
+        return mask.sum(1, keepdim=True) + shift + torch.arange(width, device=mask.device)
 
 
 # ---------------------------------------------------------------------------------------

@@ -200,18 +200,21 @@ def test_sampling_rate_decides_snapshots(pair) -> None:
 
 
 def test_measure_overhead_reports_each_rate(pair) -> None:
-    """The overhead measurement runs the decoder at each sampling rate and checks the right calls."""
+    """The overhead measurement runs the decoder at each sampling rate and checks the right calls, with
+    I2's reference K/V from the oracle's kept cache and from a batch-size-1 re-run side by side."""
     target, draft, tokenizer = pair
     eos, pad = special_ids(tokenizer)
     case = real_case(
         tokenize(tokenizer, PROMPTS[:3]), num_draft_tokens=3, max_new_tokens=8, eos_token_id=eos,
         pad_token_id=pad, model="tiny", dtype="float64",
     )  # fmt: skip
-    rows = measure_overhead(EQSPEC, target, draft, case, rates=(1.0, 0.0), repeats=1)
-    assert [r.rate for r in rows] == [1.0, 0.0]
-    assert rows[0].sampled_calls == rows[0].target_calls > 0 and rows[1].sampled_calls == 0
+    rows = measure_overhead(EQSPEC, target, draft, case, rates=(1.0, 0.0), repeats=1, references=("oracle", "rerun"))
+    assert [(r.rate, r.reference) for r in rows] == [(1.0, "oracle"), (1.0, "rerun"), (0.0, "oracle"), (0.0, "rerun")]
+    assert rows[0].sampled_calls == rows[0].target_calls > 0 and rows[2].sampled_calls == 0
     assert all(r.baseline_seconds > 0 and r.instrumented_seconds > 0 for r in rows)
-    assert "rate 1.00" in rows[0].render()
+    assert "rate 1.00" in rows[0].render() and "(oracle reference)" in rows[0].render()
+    with pytest.raises(ValueError, match="unknown I2 reference"):
+        measure_overhead(EQSPEC, target, draft, case, references=("cached",))
 
 
 # ---------------------------------------------------------------------------------------

@@ -192,7 +192,13 @@ def test_a_seed_draws_the_same_cases_whatever_was_imported_before(tmp_path, monk
 
     def drawn() -> list[Case]:
         seen: list[Case] = []
-        search("specaudit.reference.eqspec:EqSpec", "transparent", max_examples=8, seed=3, on_run=lambda run: seen.append(run.case))
+        search(
+            "specaudit.reference.eqspec:EqSpec",
+            "transparent",
+            max_examples=8,
+            seed=3,
+            on_run=lambda run: seen.append(run.case),
+        )
         return seen
 
     before = drawn()

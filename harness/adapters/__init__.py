@@ -4,9 +4,23 @@
   batch size 1 looped over rows, under the decoder contract: every check applies.
 - `blackbox`: engines that own their models (token prompts in, tokens out), e.g. a vLLM
   `LLM`; only equivalence with the batch-size-1 oracle can be checked (docs/vllm_example.md).
+- `engine_blackbox`: continuous-batching engines that own their models (an OpenAI-compatible
+  server on localhost, a step-wise engine or a `generate` callable), with staggered arrivals;
+  output-level evidence only.
 """
 
 from specaudit.adapters.blackbox import BlackBoxEngine, BlackBoxResult, DecoderEngine, audit_blackbox
+from specaudit.adapters.engine_blackbox import EngineAuditResult, audit_callable, audit_server
 from specaudit.adapters.hf_assisted import HFAssisted, UnsupportedModelError
 
-__all__ = ["BlackBoxEngine", "BlackBoxResult", "DecoderEngine", "HFAssisted", "UnsupportedModelError", "audit_blackbox"]
+__all__ = [
+    "BlackBoxEngine",
+    "BlackBoxResult",
+    "DecoderEngine",
+    "EngineAuditResult",
+    "HFAssisted",
+    "UnsupportedModelError",
+    "audit_blackbox",
+    "audit_callable",
+    "audit_server",
+]

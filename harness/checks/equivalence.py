@@ -1,13 +1,18 @@
 """Equivalence with the batch-size-1 oracle: identical tokens, length and stop reason.
 
-Tie-aware: at a step where the oracle's top-1/top-2 margin is within the dtype's tolerance a
-divergence is a numerical tie, and the comparison re-syncs onto the decoder's token.
+Tie-aware: a divergence is a numerical tie when the two tokens are within the noise batched
+arithmetic can cause, and the comparison then re-syncs onto the decoder's token. On real
+models the noise is measured (`Run.noise`, a `specaudit.calibration.NoiseFloor`) and the
+two tokens' logits are compared in a higher-precision teacher-forced score of the shared
+prefix (`judge_divergence`); on the built-in models, whose measured noise is nil, the
+oracle's top-1/top-2 margin is held to the dtype's rounding tolerance.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specaudit.calibration import Witness, judge_divergence
 from specaudit.checks.contract import check_contract
 from specaudit.checks.i2 import row_views
 from specaudit.checks.rows import RowView, common_prefix
@@ -27,6 +32,7 @@ class RowEquivalence:
     first_divergence: int | None  # first divergence that is not a numerical tie; None if equivalent
     ties: tuple[int, ...] = ()  # indices where the decoder took the other side of a tie
     resynced: tuple[int, ...] | None = None  # the oracle re-synced across those ties (None: no ties)
+    judged: tuple[Witness, ...] = ()  # every divergence judged, ties and the one that is not
 
     @property
     def reference(self) -> tuple[int, ...]:
@@ -46,6 +52,14 @@ class RowEquivalence:
         if self.exact:
             return "exact"
         return f"equivalent modulo {len(self.ties)} tie(s)" if self.equivalent else "diverged"
+
+    def numerics(self) -> str:
+        """The ties in words: at which steps, by what margin against which bound, judged by whom."""
+        return ", ".join(
+            f"step {w.index} (gap {w.margin:.3g} <= {w.bound:.3g}, {w.witness_dtype})"
+            for w in self.judged
+            if w.numerical
+        )
 
     @property
     def partial(self) -> float:
@@ -74,7 +88,8 @@ class Equivalence:
         if all(r.exact for r in self.rows):
             return "exact"
         if all(r.equivalent for r in self.rows):
-            return f"equivalent modulo {self.ties} tie(s)"
+            rows = sum(not r.exact for r in self.rows)
+            return f"equivalent modulo numerics ({self.ties} tie(s) in {rows} row(s))"
         return "diverged"
 
 
@@ -84,21 +99,34 @@ def stop_reason(tokens: list[int] | tuple[int, ...], max_new_tokens: int, eos: i
     return "length" if len(tokens) >= max_new_tokens else "short"
 
 
+def judge(run: Run, prefix: tuple[int, ...], index: int, found: int, expected: int, margin: float) -> Witness:
+    """Is the decoder's `found` instead of the oracle's `expected` at `index` a numerical tie?
+
+    With a measured noise floor: gap = logit(expected) - logit(found) in the witness's higher
+    precision, scored on the shared prefix; a tie when gap <= the floor's logit bound.
+    Without one: the oracle's own top-1/top-2 margin against the dtype's rounding tolerance.
+    """
+    floor = run.noise
+    if floor is None:
+        return Witness(index, margin, TIE_TOLERANCE[DTYPES[run.case.dtype]], f"{run.case.dtype} oracle margin")
+    return judge_divergence(floor.witness or run.target, prefix, index, found, expected, floor)
+
+
 def compare_row(run: Run, r: int) -> RowEquivalence:
     """Tie-aware comparison of one row with the oracle.
 
-    At a divergence where the oracle's top-1/top-2 margin is within the dtype's tolerance the
-    decoder merely took the other side of a numerical tie: the comparison re-syncs onto the
-    decoder's token (the oracle continues from the decoder's prefix) and goes on. Any other
-    divergence is a bug.
+    At a divergence that `judge` finds within the noise the decoder merely took the other
+    side of a numerical tie: the comparison re-syncs onto the decoder's token (the oracle
+    continues from the decoder's prefix) and goes on. Any other divergence is a bug.
     """
     case, oracle = run.case, run.oracle[r]
     found = tuple(run.outputs[r]) if run.outputs is not None else ()
-    tolerance = TIE_TOLERANCE[DTYPES[case.dtype]]
-    reference, margins, ties = oracle.tokens, oracle.margins, []
+    reference, margins, judged = oracle.tokens, oracle.margins, []
     i = common_prefix(found, reference)
-    while i < min(len(found), len(reference)) and margins[i] <= tolerance and found[i] != case.eos_token_id:
-        ties.append(i)
+    while i < min(len(found), len(reference)) and found[i] != case.eos_token_id:
+        judged.append(judge(run, case.prompts[r] + found[:i], i, found[i], reference[i], margins[i]))
+        if not judged[-1].numerical:
+            break
         prefix = case.prompts[r] + found[: i + 1]
         rest = max(case.max_new_tokens - i - 1, 0)
         resync = (
@@ -107,10 +135,11 @@ def compare_row(run: Run, r: int) -> RowEquivalence:
         reference = found[: i + 1] + (resync.tokens if resync else ())
         margins = margins[: i + 1] + (resync.margins if resync else ())
         i = common_prefix(found, reference)
+    ties = tuple(w.index for w in judged if w.numerical)
     stop = stop_reason(found, case.max_new_tokens, case.eos_token_id)
     diverged = None if found == reference else i
     resynced = reference if ties else None
-    return RowEquivalence(r, oracle.tokens, found, oracle.stop, stop, diverged, tuple(ties), resynced)
+    return RowEquivalence(r, oracle.tokens, found, oracle.stop, stop, diverged, ties, resynced, tuple(judged))
 
 
 def equivalence(run: Run) -> Equivalence:

@@ -6,6 +6,11 @@ later chunk of one verification round, that round's earlier inputs); the current
 at positions m, m + 1, ...; and a round's first input is the request's next token: its
 pending token, or the prompt's last token kept pending by the prefill. Masked slots may hold
 anything.
+
+On a real model a past slot is judged by its K/V (see `specaudit.checks.rows`): against the
+dtype's fixed tolerance, or, with a measured noise floor, by which entry it holds, with a
+margin against that noise. The violation then carries the margin: the distance to the
+expected entry, the bound, and the nearest alternative entry (which, and how far).
 """
 
 from __future__ import annotations
@@ -33,10 +38,8 @@ def describe(fault: Fault, pad: int) -> tuple[str, str]:
     if fault.found_token is None:
         if fault.expected_token is None:
             return f"an extra attended slot {fault.slot}", expected
-        return (
-            f"slot {fault.slot} whose K/V differ from the batch-size-1 run by up to {fault.kv_difference:.3g}",
-            f"the K/V of {expected}",
-        )
+        found = f"slot {fault.slot} whose K/V differ from the batch-size-1 run by up to {fault.kv_difference:.3g}"
+        return found + kv_margin(fault), f"the K/V of {expected}"
     note = " (the pad id)" if fault.found_token == pad else ""
     found = f"slot {fault.slot} holding token {fault.found_token}{note} at position {fault.found_position}"
     if fault.rule == "row-identity":
@@ -50,10 +53,41 @@ def describe(fault: Fault, pad: int) -> tuple[str, str]:
     return found, expected
 
 
+def kv_margin(fault: Fault) -> str:
+    """The margin in words: the bound (or the fixed tolerance) and the nearest alternative entry."""
+    distance = fault.kv_difference or 0.0
+    if fault.kv_bound is None:
+        text = " (beyond the dtype's fixed tolerance"
+    elif distance > fault.kv_bound:
+        text = f" (beyond the noise bound {fault.kv_bound:.3g}"
+    else:
+        text = f" (within the noise bound {fault.kv_bound:.3g}, but nearer to an alternative"
+    if fault.nearest is None:
+        return text + "; no alternative entry at hand)"
+    token = "" if fault.nearest.token is None else f", token {fault.nearest.token}"
+    return text + f"; nearest alternative: {fault.nearest.label}{token}, at {fault.nearest_distance:.3g})"
+
+
+def kv_evidence(fault: Fault) -> dict[str, object]:
+    """The K/V margin as evidence fields (real models only)."""
+    alternative = fault.nearest
+    return {
+        "kv_distance": fault.kv_difference,
+        "kv_bound": fault.kv_bound,
+        "nearest_alternative": None if alternative is None else alternative.label,
+        "nearest_distance": fault.nearest_distance,
+        "nearest_token": None if alternative is None else alternative.token,
+        "nearest_position": None if alternative is None else alternative.position,
+        "nearest_request": None if alternative is None else alternative.request,
+    }
+
+
 def violation(fault: Fault, pad: int) -> Violation:
     found, expected = describe(fault, pad)
     evidence = {key: getattr(fault, key) for key in EVIDENCE}
     evidence["other_request"] = fault.other
+    if fault.kv_difference is not None:
+        evidence.update(kv_evidence(fault))
     return Violation("I2", fault.rule, found, expected, fault.call, fault.row, fault.slot, fault.request, evidence)
 
 

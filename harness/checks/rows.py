@@ -33,6 +33,7 @@ one [B, R, W] comparison with every request's sequence; Python only walks the B 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -42,7 +43,7 @@ from specaudit.checks.i1 import implied_positions
 from specaudit.fixtures.pairs import DTYPES, KV_TOLERANCE, is_exact
 from specaudit.fixtures.transparent import fit_mask, read_slots
 from specaudit.instrument import CallRecord
-from specaudit.reference.oracle import reference_kv
+from specaudit.reference.oracle import kv_rows, reference_kv
 from specaudit.runner import Run
 
 UNKNOWN = -1  # a token or position the call does not show (a real model's past; beyond a row's stream)
@@ -80,6 +81,9 @@ class Fault:
     other: int | None = None  # another request whose history or next token the row holds
     kv_difference: float | None = None  # real models: largest K/V deviation from the batch-size-1 run
     input: int | None = None  # index among the call's attended current inputs
+    kv_bound: float | None = None  # real models with a noise floor: the bound the deviation is held to
+    nearest: Alternative | None = None  # real models: the alternative entry nearest to what the slot holds
+    nearest_distance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -166,41 +170,212 @@ def common_prefixes(obs: Observation, sequences: torch.Tensor, lengths: torch.Te
 
 # ---------------------------------------------------------------------------------------
 # Real models: attended K/V against a batch-size-1 run
+#
+# A real model's past slots cannot be read as (token, position); their K/V are compared with
+# the entries a batch-size-1 run computes for the row's tokens. The reference is the oracle's
+# own cache (`greedy_oracle(keep_kv=True)`), sliced, whenever the row's tokens are a prefix of
+# the oracle's prompt + output; only a row that diverged from the oracle costs one
+# batch-size-1 forward of its sequence (once per sequence).
+#
+# Without a measured noise floor (the built-in tiny models) a slot must equal its expected
+# entry within the dtype's fixed `KV_TOLERANCE`. With one (`run.noise`, real weights in real
+# dtypes), a slot is judged by which (token, position) it holds: its distance d_E (max |.| over
+# layers, heads and features, as the floor is measured) to the expected entry must be at most
+# the bound b = KV_NOISE_MULTIPLE x noise.kv_max, and smaller than its distance to every
+# alternative a bug would put there: the neighbouring positions' entries (off by one), the
+# entry of another request at the same index (rows mixed up), the row's own masked slots and
+# the pad token (pads attended). An alternative within b of the expected entry is the same
+# entry up to noise and does not compete. By the triangle inequality a slot with d_E <= b / 2
+# is then nearer to its expected entry than to any competing alternative, so alternatives are
+# computed only for slots in (b / 2, b] and for the violation's evidence.
+
+KV_NOISE_MULTIPLE = 3.0
+"""The I2 bound is this many times the measured worst-case K/V noise (`NoiseFloor.kv_max`).
+Calibration measures a batched decode against batch size 1 along the same tokens; a
+speculative decoder adds other shapes (verification chunks of K + 1, re-padded batches), so
+its K/V may stray a little past the calibrated maximum. On SmolLM2-135M (CPU, 8 prompts,
+bench/results/overhead.md) the correct decoders reach 1.08x kv_max in bfloat16 and 0.86x in
+float32, while the nearest wrong entry (a neighbouring position's, another request's) is 6.4x
+kv_max away in bfloat16 and 6.8e4x in float32: 3x leaves room on both sides."""
+
+
+@dataclass(frozen=True)
+class KVMiss:
+    """The first attended past slot whose K/V are not its expected entry's, with the margin."""
+
+    index: int  # stream index: the expected entry is the row's token at this position
+    distance: float  # d_E: max |found - expected| over layers, heads and features
+    bound: float | None  # the noise bound b (None: the dtype's fixed tolerance)
+    nearest: Alternative | None = None  # the nearest competing alternative (None: none available)
+    nearest_distance: float | None = None
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """An entry a bug would put in a slot instead of the expected one."""
+
+    label: str  # in words, for the report
+    token: int | None = None
+    position: int | None = None
+    request: int | None = None
+
+
+def flat_cache(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype) -> torch.Tensor:
+    """A call's cache snapshot as [B, S, F], one row per slot in `kv_rows` order (K0, V0, K1, ...)."""
+    width = min(int(k.shape[2]) for k, _ in layers)
+    flat = [x[:, :, :width].to(dtype).transpose(1, 2).flatten(2) for kv in layers for x in kv]  # [B, S, H * D]
+    return torch.cat(flat, dim=2)
 
 
 class KVReader:
-    """Compares a row's attended past K/V with what a batch-size-1 run puts there."""
+    """Compares a row's attended past K/V with the batch-size-1 entries of its tokens."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, sequences: Sequence[tuple[int, ...]]) -> None:
         self.target = run.target
-        self.rtol, self.atol = KV_TOLERANCE[DTYPES[run.case.dtype]]
-        self._refs: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        dtype = DTYPES[run.case.dtype]
+        self.rtol, self.atol = KV_TOLERANCE[dtype]
+        self.work = torch.float64 if dtype == torch.float64 else torch.float32
+        noise = run.noise
+        finite = noise is not None and math.isfinite(noise.kv_max)
+        # at least the dtype's atol: a floor measured as 0 (identical arithmetic) still leaves rounding room
+        self.bound = max(KV_NOISE_MULTIPLE * noise.kv_max, self.atol) if finite and noise else None
+        self.pad = run.case.pad_token_id
+        self.sequences = list(sequences)  # per request: prompt + the decoder's output
+        self.sources: list[tuple[tuple[int, ...], torch.Tensor]] = [  # (tokens, [n, F] K/V of them)
+            (tuple(prompt) + tuple(o.tokens), o.kv.to(self.work))
+            for prompt, o in zip(run.case.prompts, run.oracle)
+            if o.kv is not None
+        ]
+        self.forwards = 0  # batch-size-1 target forwards spent (the oracle's cache spares most)
+        self._call: tuple[int, torch.Tensor] | None = None  # the last call read, as [B, S, F]
+        self._pad: torch.Tensor | None = None
 
-    def reference(self, tokens: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        if tokens not in self._refs:
-            self._refs[tokens] = reference_kv(self.target, tokens)
-        return self._refs[tokens]
+    # references
+
+    def reference(self, tokens: tuple[int, ...], n: int) -> tuple[tuple[int, ...], torch.Tensor]:
+        """(source tokens, [>= n, F]) whose first n rows are the batch-size-1 K/V of tokens[:n]:
+        a slice of a kept cache when possible, else one batch-size-1 run of `tokens` (kept)."""
+        want = tokens[:n]
+        for seq, kv in self.sources:
+            if kv.shape[0] >= n and seq[:n] == want:
+                return seq, kv
+        kv = kv_rows(reference_kv(self.target, tokens)).to(self.work)
+        self.forwards += 1
+        self.sources.append((tokens, kv))
+        return tokens, kv
+
+    def kept(self, tokens: tuple[int, ...], index: int, compute: bool = False) -> torch.Tensor | None:
+        """The K/V of tokens[:index + 1] at `index` [F] if a source holds it; else, with `compute`,
+        from one batch-size-1 run of `tokens` (kept, so once per sequence), else None."""
+        want = tokens[: index + 1]
+        if len(want) <= index:
+            return None
+        for seq, kv in self.sources:
+            if kv.shape[0] > index and seq[: index + 1] == want:
+                return kv[index]
+        return self.reference(tokens, len(tokens))[1][index] if compute else None
+
+    def pad_entry(self) -> torch.Tensor:
+        """[F] the pad token alone at position 0 (one batch-size-1 forward of one token, once)."""
+        if self._pad is None:
+            self._pad = kv_rows(reference_kv(self.target, (self.pad,))).to(self.work)[0]
+            self.forwards += 1
+        return self._pad
+
+    def flat(self, call: CallRecord) -> torch.Tensor:
+        """[B, S, F] the call's snapshot (kept for the call's next row)."""
+        if self._call is None or self._call[0] != call.index:
+            self._call = (call.index, flat_cache(call.cache_after, self.work))
+        return self._call[1]
+
+    # judging
+
+    def same_entries(self, entries: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+        """[A] which of `entries` [A, F] no check can tell from `expected` [F]: within the noise
+        bound, or within the fixed tolerance."""
+        if self.bound is not None:
+            return (entries - expected).abs().amax(-1) <= self.bound
+        return torch.isclose(entries, expected.expand_as(entries), rtol=self.rtol, atol=self.atol).all(-1)
 
     def first_mismatch(
         self, call: CallRecord, row: int, slots: Sequence[int], tokens: tuple[int, ...]
-    ) -> tuple[int, float] | None:
-        """(index, largest deviation) of the first attended past slot whose K/V differ from the
-        batch-size-1 run of `tokens` (slots past the end of `tokens` are not judged)."""
+    ) -> KVMiss | None:
+        """The first attended past slot (of `slots`, in stream order) that does not hold the
+        batch-size-1 entry of `tokens` at its index; slots past the end of `tokens` are not judged."""
         m = min(len(slots), len(tokens))
         if m == 0:
             return None
-        index = torch.tensor(slots[:m], dtype=torch.long)
-        ok = torch.ones(m, dtype=torch.bool)
-        worst = torch.zeros(m, dtype=torch.float64)
-        for (k, v), (rk, rv) in zip(call.cache_after, self.reference(tokens)):
-            for found, want in ((k[row][:, index], rk[:, :m]), (v[row][:, index], rv[:, :m])):  # [H, m, D]
-                found, want = found.double(), want.double()
-                ok &= torch.isclose(found, want, rtol=self.rtol, atol=self.atol).all(-1).all(0).cpu()
-                worst = torch.maximum(worst, (found - want).abs().amax(dim=(0, 2)).cpu())
-        if bool(ok.all()):
+        _, ref = self.reference(tokens, m)
+        want = ref[:m]  # [m, F]
+        found = self.flat(call)[row, torch.tensor(slots[:m], dtype=torch.long)]  # [m, F]
+        diff = (found - want).abs()
+        distance = diff.amax(-1)  # [m]
+        if self.bound is None:
+            bad = ~(diff <= self.atol + self.rtol * want.abs()).all(-1)
+            suspects: list[int] = []
+        else:
+            bad = distance > self.bound
+            suspects = ((distance > self.bound / 2) & ~bad).nonzero()[:, 0].tolist()
+        first = int(bad.int().argmax()) if bool(bad.any()) else m
+        for i in suspects:  # within the bound but maybe nearer to an alternative
+            if i >= first:
+                break
+            nearest = self.nearest(call, row, slots, tokens, i, found[i], want[i])
+            if nearest is not None and nearest[1] <= float(distance[i]):
+                return KVMiss(i, float(distance[i]), self.bound, *nearest)
+        if first == m:
             return None
-        i = int((~ok).int().argmax())
-        return i, float(worst[i])
+        nearest = self.nearest(call, row, slots, tokens, first, found[first], want[first])
+        return KVMiss(first, float(distance[first]), self.bound, *(nearest or (None, None)))
+
+    def nearest(
+        self,
+        call: CallRecord,
+        row: int,
+        slots: Sequence[int],
+        tokens: tuple[int, ...],
+        i: int,
+        found: torch.Tensor,
+        expected: torch.Tensor,
+    ) -> tuple[Alternative, float] | None:
+        """The competing alternative nearest to the entry found at index i, and its distance."""
+        labels, entries = self.alternatives(call, row, slots, tokens, i)
+        if not labels:
+            return None
+        competing = ~self.same_entries(entries, expected)  # the same entry up to noise is no competitor
+        if not bool(competing.any()):
+            return None
+        distance = torch.where(competing, (entries - found).abs().amax(-1), math.inf)  # [A]
+        k = int(distance.argmin())
+        return labels[k], float(distance[k])
+
+    def alternatives(
+        self, call: CallRecord, row: int, slots: Sequence[int], tokens: tuple[int, ...], i: int
+    ) -> tuple[list[Alternative], torch.Tensor]:
+        """What a bug would put at stream index i instead, among entries at hand: [A] and [A, F]."""
+        labels: list[Alternative] = []
+        entries: list[torch.Tensor] = []
+        for j in (i - 1, i + 1):  # off by one
+            entry = self.kept(tokens, j) if j >= 0 else None
+            if entry is not None:
+                labels.append(Alternative(f"the entry at position {j} (off by one)", tokens[j], j))
+                entries.append(entry[None])
+        for q, sequence in enumerate(self.sequences):  # another request's entry at the same index
+            if sequence[: i + 1] == tokens[: i + 1]:
+                continue  # the same prefix: the same entry
+            entry = self.kept(sequence, i, compute=True)  # a request that diverged from the oracle: once
+            if entry is not None:
+                labels.append(Alternative(f"request {q}'s entry at position {i}", sequence[i], i, q))
+                entries.append(entry[None])
+        flat = self.flat(call)
+        attended = set(slots)
+        masked = [s for s in range(min(call.past_length, flat.shape[1])) if s not in attended]
+        if masked:  # the row's masked slots: pads, stale entries
+            labels += [Alternative(f"masked slot {s} of this row (a pad or a stale entry)") for s in masked]
+            entries.append(flat[row, torch.tensor(masked, dtype=torch.long)])
+        labels.append(Alternative(f"the pad token {self.pad} alone at position 0", self.pad, 0))
+        entries.append(self.pad_entry()[None])
+        return labels, torch.cat(entries)
 
 
 # ---------------------------------------------------------------------------------------
@@ -214,9 +389,9 @@ class RowFollower:
         assert run.outputs is not None
         self.run = run
         self.exact = is_exact(run.case.model)
-        self.kv = None if self.exact else KVReader(run)
         self.prompts = run.case.prompts
         self.sequences = [p + tuple(o) for p, o in zip(self.prompts, run.outputs)]
+        self.kv = None if self.exact else KVReader(run, self.sequences)
         self.lengths = torch.tensor([len(s) for s in self.sequences])  # [R]
         width = int(self.lengths.max())
         self.table = torch.tensor([list(s) + [NO_TOKEN] * (width - len(s)) for s in self.sequences])  # [R, Ls]
@@ -230,9 +405,9 @@ class RowFollower:
 
     def follow(self) -> RowTrace:
         for call in self.run.recording.target_calls:
-            if call.input_ids is None or call.input_ids.dim() != 2 or not call.sampled:
-                continue  # I1 reports a malformed call; unsampled calls keep no snapshot (real-model mode)
-            if call.past_length and not call.cache_after:
+            if call.input_ids is None or call.input_ids.dim() != 2:
+                continue  # I1 reports a malformed call
+            if call.sampled and call.past_length and not call.cache_after:
                 self.faults.append(Fault("cache-readable", call.index))
                 continue
             self.visit(call)
@@ -275,7 +450,11 @@ class RowFollower:
         known = torch.tensor([s.known for s in self.state])[None, :]
         first = torch.minimum(m + (length > m).long(), lengths)  # past plus the first input
         fresh = cp >= first
-        own_past = (cp >= torch.minimum(m, lengths)) | chunk  # a chunk's past is its round's earlier entries
+        own_past = cp >= torch.minimum(m, lengths)
+        if not self.exact:  # a real model's past is unread: a request shorter than the row's past cannot hold it
+            fits = m <= lengths
+            fresh, own_past = fresh & fits, own_past & fits
+        own_past = own_past | chunk  # a chunk's past is its round's earlier entries
         running = known < lengths
         # entries past the committed ones are drafts: at most K, and only after a draft call
         feasible = (length <= known + self.k * self.drafted(call)[None, :]) | chunk
@@ -417,22 +596,26 @@ class RowFollower:
         previous = self.state[row.request].stream
         past_slots = row.slots[:m]
         history = sequence[:m]
-        miss = self.kv.first_mismatch(row.call, row.row, past_slots, sequence) if m else None  # causal: a prefix
+        # an unsampled call (real-model mode) kept no snapshot: it binds rows, its K/V go unjudged
+        judged = m and row.call.sampled
+        miss = self.kv.first_mismatch(row.call, row.row, past_slots, sequence) if judged else None  # causal: a prefix
         if miss is not None and chunk and previous is not None:
             if self.kv.first_mismatch(row.call, row.row, past_slots, previous) is None:
                 return self.input_fault(row, sequence, check_token=False), True, previous + tuple(row.tokens[m:])
         stream = tuple(history) + tuple(row.tokens[m:]) if m <= len(sequence) else tuple(row.tokens)
         if miss is not None:
-            index, deviation = miss
             fault = Fault(
                 "attends-wrong-slot",
                 row.call.index,
                 row.row,
                 row.request,
-                past_slots[index],
-                expected_token=sequence[index],
-                expected_position=index,
-                kv_difference=deviation,
+                past_slots[miss.index],
+                expected_token=sequence[miss.index],
+                expected_position=miss.index,
+                kv_difference=miss.distance,
+                kv_bound=miss.bound,
+                nearest=miss.nearest,
+                nearest_distance=miss.nearest_distance,
             )
             return fault, False, stream
         return self.input_fault(row, sequence, check_token=not fresh and not chunk), chunk and not fresh, stream

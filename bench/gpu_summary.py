@@ -1,0 +1,204 @@
+"""summary.md for a `bench/gpu_check.sh` run, built from the audits' report.json files.
+
+    python bench/gpu_summary.py RESULTS_DIR
+
+RESULTS_DIR is what gpu_check.sh writes: audit/<dtype>/<name>/report.json (the audit's `--out`),
+audit/<dtype>/<name>.log, steps.tsv (step, exit status, seconds, timeout) and model.log. One
+table row per decoder and dtype: the verdict, row-weighted exact match, ties, the first violated
+check and signature, what was expected and whether the run met it. Nothing is hard-coded but
+the expectation: reference decoders pass, planted bugs fail, except `positions_in_model_dtype`,
+which can only fail where a position reaches past the integers the dtype holds exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REFERENCES = ("EqSpec", "ExSpec", "BatchedGreedy", "LazySpec")
+EXACT_INTEGERS = {"bfloat16": 256, "float16": 2048, "float32": 2**24, "float64": 2**53}
+"""Largest n such that every integer in [0, n] is exact in the dtype (8, 11, 24, 53 significant bits)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    dtype: str
+    rc: str
+    seconds: str
+    verdict: str
+    exact: str
+    ties: str
+    first_check: str
+    signature: str
+    expected: str
+    met: str
+
+
+def read_steps(results: Path) -> dict[str, tuple[str, str]]:
+    """step name -> (exit status, seconds) from steps.tsv."""
+    path = results / "steps.tsv"
+    steps: dict[str, tuple[str, str]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            parts = line.split("\t")
+            if len(parts) >= 3 and parts[0] != "step":
+                steps[parts[0]] = (parts[1], parts[2])
+    return steps
+
+
+def batches_of(report: Any) -> list[dict[str, Any]]:
+    """The per-batch entries, whether report.json is a list of batches or an object holding them."""
+    if isinstance(report, dict):
+        report = report.get("batches", [])
+    return [b for b in report if isinstance(b, dict) and "diagnosis" in b]
+
+
+def max_position(batches: list[dict[str, Any]]) -> int:
+    """The largest position id any row reached: prompt length + new tokens - 1."""
+    top = 0
+    for batch in batches:
+        requests = batch["diagnosis"].get("case", {}).get("requests", [])
+        outputs = batch.get("outputs") or [[] for _ in requests]
+        for request, out in zip(requests, outputs):
+            top = max(top, len(request.get("prompt", [])) + len(out or []) - 1)
+    return top
+
+
+def planted_signature(name: str) -> str:
+    """The first check and signature the catalog records for a planted bug ("" if unknown)."""
+    try:
+        from specaudit.reference.mutants import CATALOG
+    except ImportError:
+        return ""
+    bug = getattr(CATALOG.get(name), "bug", None)
+    return f"{bug.first_check}, {bug.signature}" if bug is not None else ""
+
+
+def expectation(name: str, dtype: str, batches: list[dict[str, Any]]) -> str:
+    if name in REFERENCES:
+        return "PASS"
+    if name == "positions_in_model_dtype":
+        reach, limit = max_position(batches), EXACT_INTEGERS.get(dtype, 0)
+        if reach <= limit:
+            return f"PASS (positions <= {reach}, exact in {dtype})"
+    recorded = planted_signature(name)
+    return f"FAIL ({recorded})" if recorded else "FAIL"
+
+
+def judged(expected: str, verdict: str, first_check: str, signature: str) -> str:
+    """yes: the verdict expected (and for a planted bug the catalog's check and signature);
+    "yes, other signature": caught, but named differently than the catalog records."""
+    if expected.split()[0] != verdict.split()[0]:
+        return "**no**"
+    if expected.startswith("FAIL (") and expected != f"FAIL ({first_check}, {signature})":
+        return "yes, other signature"
+    return "yes"
+
+
+def outcome(name: str, dtype: str, report_path: Path, step: tuple[str, str]) -> Outcome:
+    rc, seconds = step
+    if not report_path.is_file():
+        why = "timed out" if rc in ("124", "137") else "skipped" if rc == "-" else f"no report (exit {rc})"
+        expected = "FAIL" if name not in REFERENCES else "PASS"
+        return Outcome(name, dtype, rc, seconds, why, "", "", "", "", expected, "no")
+    batches = batches_of(json.loads(report_path.read_text()))
+    diagnoses = [b["diagnosis"] for b in batches]
+    rows = [len(d.get("case", {}).get("requests", [])) or 1 for d in diagnoses]
+    exact = sum(d.get("exact_match", 0.0) * n for d, n in zip(diagnoses, rows)) / max(sum(rows), 1)
+    failed = next((d for d in diagnoses if not d.get("passed")), None)
+    verdicts = ", ".join(sorted({str(d.get("verdict")) for d in diagnoses}))
+    verdict = f"{'FAIL' if failed else 'PASS'} ({verdicts})"
+    expected = expectation(name, dtype, batches)
+    first_check = str(failed.get("first_check")) if failed else ""
+    signature = str(failed.get("signature")) if failed else ""
+    ties = str(sum(int(d.get("ties") or 0) for d in diagnoses))
+    met = judged(expected, verdict, first_check, signature)
+    return Outcome(name, dtype, rc, seconds, verdict, f"{exact:.2f}", ties, first_check, signature, expected, met)
+
+
+def collect(results: Path, steps: dict[str, tuple[str, str]]) -> list[Outcome]:
+    """One Outcome per audit step in steps.tsv (named audit/<dtype>/<name>), in run order."""
+    out = []
+    for step, status in steps.items():
+        parts = step.split("/")
+        if len(parts) == 3 and parts[0] == "audit":
+            _, dtype, name = parts
+            out.append(outcome(name, dtype, results / step / "report.json", status))
+    return sorted(out, key=run_order)
+
+
+def run_order(o: Outcome) -> tuple[int, str, str]:
+    """References first (in REFERENCES order), then planted bugs by name; dtypes by name."""
+    rank = REFERENCES.index(o.name) if o.name in REFERENCES else len(REFERENCES)
+    return rank, o.name, o.dtype
+
+
+def table(outcomes: list[Outcome]) -> list[str]:
+    columns = ("decoder", "dtype", "verdict", "exact match", "ties", "first check", "signature", "expected")
+    lines = ["| " + " | ".join((*columns, "as expected", "exit", "s")) + " |", "|" + "---|" * 11]
+    for o in outcomes:
+        cells = (o.name, o.dtype, o.verdict, o.exact, o.ties, o.first_check, o.signature, o.expected, o.met, o.rc)
+        lines.append("| " + " | ".join(cells) + f" | {o.seconds} |")
+    return lines
+
+
+def cost_lines(cost: Path) -> list[str]:
+    """What the cost bench left (its figures need matplotlib; cost.json and cost.md come first)."""
+    if not cost.is_dir():
+        return []
+    files = sorted(p.name for p in cost.iterdir() if p.name != "cost.log")
+    log = (cost / "cost.log").read_text().strip().splitlines() if (cost / "cost.log").is_file() else []
+    last = f"; its last line: `{log[-1].strip()}`" if log else ""
+    return [f"- cost bench files: {', '.join(files) or 'none'} (see `cost/cost.md`){last}"]
+
+
+def render(results: Path) -> str:
+    steps = read_steps(results)
+    outcomes = collect(results, steps)
+    met = sum(o.met.startswith("yes") for o in outcomes)
+    renamed = sum(o.met == "yes, other signature" for o in outcomes)
+    model = (results / "model.log").read_text().strip().splitlines() if (results / "model.log").is_file() else []
+    env = (results / "env.log").read_text().strip().splitlines() if (results / "env.log").is_file() else []
+    lines = [
+        "# GPU check: real-model audit on a config-built Llama pair",
+        "",
+        "Generated by `bench/gpu_summary.py` from the report.json files of `bench/gpu_check.sh`.",
+        "",
+        *[f"    {line}" for line in env[:6] + [m for m in model if m.startswith("gpu_model")]],
+        "",
+        f"{met} of {len(outcomes)} audit runs as expected (reference decoders pass, planted bugs fail); "
+        f"{renamed} planted bug(s) caught under another check or signature than the catalog records "
+        "(`specaudit.reference.mutants`, measured on the built-in models).",
+        "",
+        *table(outcomes),
+        "",
+        "Other steps (exit status, seconds; 124/137: stopped by its timeout, -: skipped for lack of time):",
+        "",
+        *[f"- {step}: exit {rc}, {s} s" for step, (rc, s) in steps.items() if not step.startswith("audit/")],
+        *cost_lines(results / "cost"),
+        "",
+        "Per run: `audit/<dtype>/<decoder>.log` (stdout and stderr), `audit/<dtype>/<decoder>/report.json`, "
+        "reproducers under `audit/<dtype>/<decoder>/repro/`; the cost bench under `cost/`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python bench/gpu_summary.py RESULTS_DIR", file=sys.stderr)
+        return 2
+    results = Path(argv[0])
+    text = render(results)
+    (results / "summary.md").write_text(text)
+    print(text, end="")
+    outcomes = collect(results, read_steps(results))
+    return 0 if outcomes and all(o.met.startswith("yes") for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,796 @@
+"""The engine state machine: an engine compared with the oracle after every step.
+
+Zarr-style: a Hypothesis `RuleBasedStateMachine` whose rules add requests (prompt, limit and
+an acceptance schedule the scripted draft follows), step the engine and abort requests, with
+arrivals at any step. After every step the harness checks, in this order:
+
+  contract     the engine contract's fixed points (`specaudit.engine`), hooks saw every forward
+  I1           every target forward of the step is one rectangular batch (`checks.i1`)
+  I2           every row of those forwards attends exactly one live request's own tokens at
+               positions 0, 1, 2, ...; its first input is that request's next token
+  equivalence  each request's tokens so far are a prefix of its oracle output (finished ones
+               equal to it: EOS or max_new_tokens)
+  liveness     a request waits at most the declared `max_wait_steps` for its first token and
+               between two emissions while no more than `max_batch_size` requests are
+               unfinished; every request finishes when the machine drains the engine
+
+Rows are bound to requests by construction: the harness knows which requests are live and
+their exact histories (prompt + oracle continuation), and prompts are drawn so that any two
+differ within the shorter one, so a row's leading (token, position) pairs name its request.
+
+The machine logs its rules as a JSON reproducer; `replay(reproducer)` runs one again without
+Hypothesis and returns its violations.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from specaudit.checks.i1 import i1_call_violations
+from specaudit.checks.rows import Observation, common_prefixes, observe
+from specaudit.contract import ContractError, model_changes, model_state, remove_new_hooks
+from specaudit.determinism import without_local_constants
+from specaudit.engine import EngineBook, build_engine, declared, engine_error, load_engine
+from specaudit.fixtures import VOCAB_SIZE
+from specaudit.fixtures.transparent import RequestScript, Script, ScriptedDraft, scripted_draft, transparent_target
+from specaudit.instrument import CallRecord, breach, instrument
+from specaudit.reference.oracle import truncate
+from specaudit.runner import oracle_continuation
+from specaudit.strategies import SCHEDULE_DRAWS, pattern_from_rounds, rounds_for
+from specaudit.violation import Violation, render
+
+DEFAULT_ENGINES = ("specaudit.reference.engines:EqSpecEngine", "specaudit.reference.engines:ExSpecEngine")
+ENGINE_CHECKS = ("contract", "I1", "I2", "equivalence", "liveness")
+MAX_REQUESTS = 8
+MAX_PROMPT = 5
+MAX_NEW = 10
+MAX_K = 3
+STEP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One add_request rule: what the engine is asked for and what the draft will get right."""
+
+    request_id: int
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    accept: tuple[bool, ...]  # per generated index: the draft proposes the oracle's token
+
+
+@dataclass
+class Tracked:
+    """The harness's view of one request: its exact history and the oracle's answer."""
+
+    request: Request
+    sequence: tuple[int, ...]  # prompt + EOS-blind oracle continuation (past max_new_tokens + K)
+    expected: tuple[int, ...]  # the oracle's output: up to EOS (included) or max_new_tokens
+
+
+class EngineFailure(AssertionError):
+    """A step broke a check: the violations, and the JSON reproducer of the rules so far."""
+
+    def __init__(self, violations: list[Violation], reproducer: dict[str, Any]) -> None:
+        self.violations = violations
+        self.reproducer = reproducer
+        super().__init__(
+            f"engine {reproducer['engine']} after {len(reproducer['ops'])} rules:\n{render(violations)}\n"
+            f"reproducer (specaudit.engine_machine.replay):\n{json.dumps(reproducer)}"
+        )
+
+    @property
+    def first_check(self) -> str:
+        return self.violations[0].check
+
+
+@functools.lru_cache(maxsize=1)
+def session_models() -> tuple[torch.nn.Module, ScriptedDraft]:
+    """The transparent target and a scripted draft, built once per process (building a model
+    costs more than a short session); each session gives the draft its own script."""
+    return transparent_target(), scripted_draft([])
+
+
+def machine_settings(max_examples: int, steps: int = 12, **overrides: Any) -> settings:
+    """Settings for the engine machine: no deadline (torch), no explain phase (it replays the
+    shrunk sequence hundreds of times), `steps` rules at most per run."""
+    kwargs: dict[str, Any] = dict(
+        max_examples=max_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    kwargs.update(overrides)
+    return settings(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------
+# One session: an engine on instrumented models, checked after every step
+
+
+@dataclass
+class EngineSession:
+    """Runs one engine on the transparent target and a scripted draft, checking every step."""
+
+    spec: str
+    num_draft_tokens: int
+    eos_token_id: int | None
+    pad_token_id: int
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    on_event: Callable[[str], None] | None = None  # hypothesis.event inside the state machine
+    timeout_s: float = STEP_TIMEOUT_S  # per engine call: a step() that hangs fails instead
+
+    def __post_init__(self) -> None:
+        self.target, self.draft = session_models()
+        self.draft.script = Script([])
+        self.stack = ExitStack()
+        self.recording = self.stack.enter_context(instrument(self.target, self.draft))
+        self.tracked: dict[int, Tracked] = {}
+        self.seen_calls = 0
+        self.unobserved = 0
+        self.last_lengths: dict[int, int] = {}  # live request -> its tokens after the previous step
+        self.failed = False
+        self.events: Counter[str] = Counter()
+        try:
+            engine = build_engine(
+                load_engine(self.spec),
+                self.spec,
+                self.target,
+                self.draft,
+                num_draft_tokens=self.num_draft_tokens,
+                eos_token_id=self.eos_token_id,
+                pad_token_id=self.pad_token_id,
+            )
+        except BaseException:
+            self.stack.close()  # the shared models keep no hook of a session that never started
+            raise
+        self.book = EngineBook(engine, self.eos_token_id, self.timeout_s)
+        self.fingerprints = {"target": model_state(self.target), "draft": model_state(self.draft)}
+        self.max_batch_size = declared(engine, "max_batch_size")
+        self.max_wait_steps = declared(engine, "max_wait_steps")
+
+    def close(self) -> None:
+        self.stack.close()
+
+    def reproducer(self) -> dict[str, Any]:
+        return {
+            "engine": self.spec,
+            "num_draft_tokens": self.num_draft_tokens,
+            "eos_token_id": self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+            "ops": list(self.ops),
+        }
+
+    def fail(self, violations: list[Violation]) -> None:
+        if violations:
+            self.failed = True
+            raise EngineFailure(violations, self.reproducer())
+
+    # -- rules -----------------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        self.ops.append(
+            {
+                "op": "add",
+                "id": request.request_id,
+                "prompt": list(request.prompt),
+                "max_new_tokens": request.max_new_tokens,
+                "accept": "".join("1" if a else "0" for a in request.accept),
+            }
+        )
+        horizon = request.max_new_tokens + self.num_draft_tokens + 2
+        continuation = oracle_continuation("transparent", "float64", request.prompt, horizon).tokens
+        expected, _ = truncate(continuation, max_new_tokens=request.max_new_tokens, eos_token_id=self.eos_token_id)
+        self.tracked[request.request_id] = Tracked(request, request.prompt + continuation, expected)
+        scripts = [
+            RequestScript(t.request.prompt, t.sequence[len(t.request.prompt) :], t.request.accept)
+            for t in self.tracked.values()
+        ]
+        self.draft.script = Script(scripts)
+
+        def run() -> None:
+            self.book.add(request.request_id, request.prompt, request.max_new_tokens)
+            self.book.check_unfinished()  # a waiting request counts
+
+        self.fail(self.guard(run))
+
+    def abort(self, request_id: int) -> None:
+        self.ops.append({"op": "abort", "id": request_id})
+        self.fail(self.guard(lambda: self.book.abort(request_id)))
+
+    def step(self, log: bool = True) -> dict[int, list[int]]:
+        """One engine step and every check on it; raises EngineFailure on the first broken check."""
+        if log:
+            self.ops.append({"op": "step"})
+        eligible = set(self.book.live_ids())
+        crowded = self.max_batch_size is not None and len(eligible) > self.max_batch_size
+        emitted: dict[int, list[int]] = {}
+
+        def run() -> None:
+            emitted.update(self.book.step())
+            self.observed()
+            self.models_unchanged()
+            self.book.check_unfinished()
+
+        violations = self.guard(run)
+        calls = self.new_calls()
+        if not violations:
+            violations = [v for call in calls for v in i1_call_violations(call)]
+        if not violations:
+            violations = [v for call in calls for v in self.i2(call, eligible)]
+        if not violations:
+            violations = self.equivalence()
+        if not violations:
+            violations = self.liveness(eligible, emitted, crowded)
+        self.note_admissions(emitted)
+        self.fail(violations)
+        return emitted
+
+    def drain(self) -> None:
+        """Step until the engine has nothing left; a request that never finishes is a liveness failure."""
+        remaining = sum(t.request.max_new_tokens - len(self.book.requests[r].tokens) for r, t in self.tracked.items())
+        budget = 2 * remaining + 2 * len(self.tracked) + 4
+        for _ in range(budget):
+            if not self.book.live_ids():
+                break
+            self.step(log=False)
+        live = self.book.live_ids()
+        if live:
+            r = live[0]
+            got = len(self.book.requests[r].tokens)
+            self.fail(
+                [
+                    Violation(
+                        "liveness",
+                        "finishes",
+                        f"request {r} unfinished after {budget} more steps"
+                        f" ({got} of {len(self.tracked[r].expected)} tokens)",
+                        "every request finishing (EOS or max_new_tokens)",
+                        request=r,
+                        evidence={"steps": budget, "tokens": got},
+                    )
+                ]
+            )
+        self.fail(self.guard(self.book.check_unfinished))
+
+    # -- checks ----------------------------------------------------------------------------
+
+    @staticmethod
+    def guard(action: Any) -> list[Violation]:
+        """Run `action`; a contract breach becomes the step's violation."""
+        try:
+            action()
+        except ContractError as exc:
+            return [Violation("contract", exc.rule, exc.found, exc.expected, evidence=exc.evidence)]
+        return []
+
+    def observed(self) -> None:
+        """'unobserved-forward' / 'unsupported-input' for the forwards of this step."""
+        problem = breach(self.recording)
+        fresh_unobserved = len(self.recording.unobserved) > self.unobserved
+        self.unobserved = len(self.recording.unobserved)
+        if problem is not None and (problem.rule != "unobserved-forward" or fresh_unobserved):
+            raise engine_error(problem.rule, problem.found, problem.evidence)
+
+    def models_unchanged(self) -> None:
+        """'models-unchanged' after a step; the shared models are repaired (hooks removed) or,
+        if changed otherwise, rebuilt for the next session."""
+        changes = []
+        for role, model in (("target", self.target), ("draft", self.draft)):
+            found = model_changes(role, self.fingerprints[role], model)
+            if found:
+                remove_new_hooks(self.fingerprints[role], model)
+                if any(" left on " not in change for change in found):
+                    session_models.cache_clear()
+            changes += found
+        if changes:
+            raise engine_error("models-unchanged", "; ".join(changes[:6]), {"changes": changes})
+
+    def new_calls(self) -> list[CallRecord]:
+        calls = self.recording.target_calls[self.seen_calls :]
+        self.seen_calls = len(self.recording.target_calls)
+        return calls
+
+    def i2(self, call: CallRecord, eligible: set[int]) -> list[Violation]:
+        """I2 on one target call: each row bound to the request whose history it holds longest."""
+        if call.input_ids is None or call.input_ids.dim() != 2:
+            return []
+        if call.past_length and not call.cache_after:
+            return [Violation("I2", "cache-readable", "a target call whose output has no cache", "a cache", call.index)]
+        ids = list(self.tracked)
+        sequences = [self.tracked[r].sequence for r in ids]
+        width = max(len(s) for s in sequences)
+        table = torch.tensor([list(s) + [-2] * (width - len(s)) for s in sequences])  # [R, Ls]
+        lengths = torch.tensor([len(s) for s in sequences])  # [R]
+        obs = observe(call, exact=True)
+        # bound by content: tokens in order, positions judged apart (a wrong position is not a wrong request)
+        by_content = replace(obs, positions=torch.arange(obs.tokens.shape[1]).expand_as(obs.tokens))
+        prefix = common_prefixes(by_content, table, lengths, exact=True)  # [B, R]
+        bound: dict[int, int] = {}
+        out: list[Violation] = []
+        for row in range(prefix.shape[0]):
+            fault = self.row_fault(call, obs, row, prefix[row], ids, eligible, bound)
+            if fault is not None:
+                out.append(fault)
+        return out
+
+    def row_fault(
+        self,
+        call: CallRecord,
+        obs: Observation,
+        row: int,
+        prefix: torch.Tensor,
+        ids: list[int],
+        eligible: set[int],
+        bound: dict[int, int],
+    ) -> Violation | None:
+        """The first I2 breach of one row, or None."""
+        length, past = int(obs.length[row]), int(obs.past[row])
+        tokens, positions = obs.tokens[row].tolist(), obs.positions[row].tolist()
+        slots = obs.slots[row].tolist()
+        rank = sorted(range(len(ids)), key=lambda i: (-int(prefix[i]), ids[i] not in eligible, ids[i]))
+        best = rank[0]
+        request, matched = ids[best], int(prefix[best])
+
+        def bad(rule: str, index: int, expected: str, exp_token: int | None, exp_pos: int | None) -> Violation:
+            found = f"slot {slots[index]} holding token {tokens[index]} at position {positions[index]}"
+            evidence = {
+                "found_token": tokens[index],
+                "found_position": positions[index],
+                "expected_token": exp_token,
+                "expected_position": exp_pos,
+                "index": index,
+            }
+            return Violation("I2", rule, found, expected, call.index, row, slots[index], request, evidence)
+
+        if length == 0:
+            return None  # I1 reports a row attending nothing
+        if matched == 0:
+            return bad("row-identity", 0, "the first token of a live request's prompt", None, 0)
+        if request not in eligible:
+            state = self.book.requests.get(request)
+            why = "aborted" if state is not None and state.aborted else "finished"
+            found_more = f"; the row holds request {request}, {why} before this step"
+            v = bad("retired-row", 0, "rows of live requests only", None, None)
+            return Violation(
+                "I2", v.rule, v.found + found_more, v.expected, call.index, row, v.slot, request, v.evidence
+            )
+        if request in bound:
+            return bad("duplicate-row", 0, f"request {request} in one row only (also row {bound[request]})", None, None)
+        bound[request] = row
+        sequence = self.tracked[request].sequence
+        for i in range(length):  # the past, then the request's next token, must be its history
+            if i <= past and i >= matched:
+                want = sequence[i] if i < len(sequence) else None
+                rule = "input-token" if i == past else "attends-wrong-slot"
+                what = "the request's next token " if i == past else ""
+                return bad(rule, i, f"{what}token {want} at position {i}", want, i)
+            if positions[i] != i:  # drafts may be anything, but at the next positions
+                want = sequence[i] if i < matched else None
+                return bad("position-ids", i, f"position {i}", want, i)
+        return None
+
+    def equivalence(self) -> list[Violation]:
+        """Each request's tokens so far are a prefix of the oracle's output."""
+        out = []
+        for r, t in self.tracked.items():
+            got = self.book.requests[r].tokens
+            if tuple(got) != t.expected[: len(got)]:
+                i = next(i for i, (a, b) in enumerate(zip(got, t.expected + (None,) * len(got))) if a != b)
+                want = t.expected[i] if i < len(t.expected) else "nothing (the oracle stopped)"
+                out.append(
+                    Violation(
+                        "equivalence",
+                        "oracle-prefix",
+                        f"request {r} token {i} = {got[i]} (tokens so far {got[:12]})",
+                        f"{want} (oracle output {list(t.expected)[:12]})",
+                        request=r,
+                        evidence={"index": i, "found_token": got[i], "expected": list(t.expected)},
+                    )
+                )
+        return out
+
+    def liveness(self, eligible: set[int], emitted: dict[int, list[int]], crowded: bool) -> list[Violation]:
+        """The declared wait bound, counted over steps with room for every unfinished request."""
+        out = []
+        for r in sorted(eligible):
+            state = self.book.requests[r]
+            if r in emitted:
+                state.waited = 0
+            elif not crowded and not state.aborted:
+                state.waited += 1
+                if self.max_wait_steps is not None and state.waited > self.max_wait_steps:
+                    out.append(
+                        Violation(
+                            "liveness",
+                            "wait-bound",
+                            f"request {r} passed over {state.waited} steps in a row"
+                            f" ({len(state.tokens)} tokens so far)",
+                            f"at most max_wait_steps = {self.max_wait_steps} with room for every request"
+                            f" (max_batch_size {self.max_batch_size})",
+                            request=r,
+                            evidence={"waited": state.waited, "max_wait_steps": self.max_wait_steps},
+                        )
+                    )
+        return out
+
+    def note(self, what: str) -> None:
+        self.events[what] += 1
+        if self.on_event is not None:
+            self.on_event(what)
+
+    def note_admissions(self, emitted: dict[int, list[int]]) -> None:
+        """Hypothesis events: was a newcomer admitted while the running rows were ragged, i.e.
+        had accepted different numbers of tokens so far (so their lengths differ)?"""
+        newcomers = [r for r in emitted if len(self.book.requests[r].tokens) == len(emitted[r])]
+        running = {r: n for r, n in self.last_lengths.items() if r in emitted and r not in newcomers}
+        if newcomers:
+            if len(set(running.values())) >= 2:
+                self.note("admission into a batch with ragged acceptance")
+            elif running:
+                self.note("admission into a batch with even acceptance")
+            else:
+                self.note("admission into an idle engine")
+        self.last_lengths = {r: len(s.tokens) for r, s in self.book.requests.items() if s.live(self.eos_token_id)}
+
+
+# ---------------------------------------------------------------------------------------
+# Replay
+
+
+def replay(reproducer: dict[str, Any] | str | Path) -> list[Violation]:
+    """Run a logged rule sequence again; returns the violations of the first failing rule ([] if none)."""
+    if isinstance(reproducer, (str, Path)):
+        text = Path(reproducer).read_text() if Path(str(reproducer)).exists() else str(reproducer)
+        reproducer = json.loads(text)
+    session = EngineSession(
+        reproducer["engine"],
+        int(reproducer["num_draft_tokens"]),
+        reproducer["eos_token_id"],
+        int(reproducer["pad_token_id"]),
+    )
+    try:
+        for op in reproducer["ops"]:
+            if op["op"] == "add":
+                accept = tuple(c == "1" for c in op["accept"])
+                session.add(Request(int(op["id"]), tuple(op["prompt"]), int(op["max_new_tokens"]), accept))
+            elif op["op"] == "abort":
+                session.abort(int(op["id"]))
+            elif op["op"] == "step":
+                session.step()
+            elif op["op"] == "drain":
+                session.ops.append(op)
+                session.drain()
+    except EngineFailure as failure:
+        return failure.violations
+    finally:
+        session.close()
+    return []
+
+
+# ---------------------------------------------------------------------------------------
+# The Hypothesis state machine
+
+
+def distinct_prompt(prompt: tuple[int, ...], others: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """`prompt`, its first token moved on until it differs from every other prompt within the
+    shorter of the two (so a row's leading tokens name its request)."""
+    first = prompt[0]
+    for _ in range(VOCAB_SIZE):
+        candidate = (first,) + prompt[1:]
+        if all(candidate[: min(len(candidate), len(o))] != o[: min(len(candidate), len(o))] for o in others):
+            return candidate
+        first = (first + 1) % VOCAB_SIZE
+    raise ValueError("no distinct prompt left")  # unreachable with MAX_REQUESTS << VOCAB_SIZE
+
+
+def draw_request(data: st.DataObject, request_id: int, k: int, others: list[tuple[int, ...]]) -> Request:
+    """A request: prompt, limit and an acceptance schedule from the batch strategies' kinds."""
+    prompt = data.draw(st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=1, max_size=MAX_PROMPT), label="prompt")
+    max_new = data.draw(st.integers(1, MAX_NEW), label="max_new_tokens")
+    kind = data.draw(st.sampled_from(SCHEDULE_DRAWS), label="schedule")
+    first = data.draw(st.booleans(), label="draft right at index 0")
+    rounds = data.draw(rounds_for(kind, k), label="accepted per round")
+    horizon = max_new + k + 2
+    return Request(
+        request_id, distinct_prompt(tuple(prompt), others), max_new, pattern_from_rounds(first, rounds, horizon)
+    )
+
+
+class EngineMachine(RuleBasedStateMachine):
+    """Rules: add a request (arriving at any step), step the engine, abort a request."""
+
+    engine_spec: str = DEFAULT_ENGINES[0]
+    tally: Counter[str] = Counter()  # per class (see machine_for): runs, and runs that had each event
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session: EngineSession | None = None
+
+    @initialize(
+        k=st.integers(1, MAX_K),
+        pad=st.integers(0, VOCAB_SIZE - 1),
+        eos_at=st.one_of(st.none(), st.integers(0, MAX_NEW - 1)),
+        initial=st.integers(1, 4),
+        data=st.data(),
+    )
+    def start(self, k: int, pad: int, eos_at: int | None, initial: int, data: st.DataObject) -> None:
+        """Build the engine with 1 to 3 requests waiting; EOS, if any, is a token the first
+        request's oracle emits."""
+        first = draw_request(data, 0, k, [])
+        eos = None
+        if eos_at is not None:
+            eos = oracle_continuation("transparent", "float64", first.prompt, MAX_NEW).tokens[eos_at]
+        self.session = EngineSession(self.engine_spec, k, eos, pad, on_event=event)
+        self.session.add(first)
+        for _ in range(initial - 1):
+            self.add_request(data)
+
+    @precondition(lambda self: self.session is not None and len(self.session.tracked) < MAX_REQUESTS)
+    @rule(data=st.data())
+    def add_request(self, data: st.DataObject) -> None:
+        session = self.session
+        assert session is not None
+        prompts = [t.request.prompt for t in session.tracked.values()]
+        session.add(draw_request(data, len(session.tracked), session.num_draft_tokens, prompts))
+
+    @precondition(
+        lambda self: (
+            self.session is not None
+            and len(self.session.book.live_ids()) >= 2
+            and len(self.session.tracked) < MAX_REQUESTS
+        )
+    )
+    @rule(data=st.data())
+    def arrive_mid_flight(self, data: st.DataObject) -> None:
+        """add_request while at least two requests run: arrivals into a (possibly ragged) batch,
+        twice as likely as through add_request alone."""
+        self.add_request(data)
+
+    @precondition(
+        lambda self: (
+            self.session is not None
+            and (bool(self.session.book.live_ids()) or len(self.session.tracked) >= MAX_REQUESTS)
+        )
+    )
+    @rule()
+    def step(self) -> None:
+        """Step the engine (while it has work: an idle engine waits for the next arrival)."""
+        assert self.session is not None
+        self.session.step()
+
+    @precondition(lambda self: self.session is not None and bool(self.session.book.live_ids()))
+    @rule(which=st.integers(0, MAX_REQUESTS))
+    def abort(self, which: int) -> None:
+        """Abort a request: a live one mostly, else a finished or unknown id (which must do nothing)."""
+        session = self.session
+        assert session is not None
+        live = session.book.live_ids()
+        session.abort(live[which % len(live)] if which < MAX_REQUESTS else len(session.tracked) + 7)
+
+    def teardown(self) -> None:
+        session = self.session
+        if session is None:
+            return
+        tally = type(self).tally
+        tally.update(["runs", *session.events])  # each event once per run
+        if session.failed and not tally["runs to first failure"]:
+            tally["runs to first failure"] = tally["runs"]
+        try:
+            if not session.failed:
+                session.ops.append({"op": "drain"})
+                session.drain()
+        finally:
+            session.close()
+
+
+def machine_for(spec: str) -> type[EngineMachine]:
+    """The state machine class for one engine spec."""
+    name = "EngineMachine_" + "".join(c if c.isalnum() else "_" for c in spec)
+    return type(name, (EngineMachine,), {"engine_spec": spec, "tally": Counter()})
+
+
+def event_shares(machine: type[EngineMachine]) -> dict[str, float]:
+    """Share of the machine's runs so far that had each event (Hypothesis's statistics do
+    not cover `run_state_machine_as_test`)."""
+    runs = machine.tally["runs"]
+    counts = {what: n for what, n in machine.tally.items() if what.startswith("admission")}
+    return {what: n / runs for what, n in sorted(counts.items()) if runs}
+
+
+# ---------------------------------------------------------------------------------------
+# Running the machine for the CLI, the gate and the kill table
+
+
+@dataclass
+class MachineRun:
+    """One engine through the state machine: how many runs and rules it took to the first
+    failure (if any), the shrunk failure, and the admission events' shares."""
+
+    spec: str
+    runs: int = 0
+    rules: int = 0  # rules (ops) over every run, the failing one included
+    seconds: float = 0.0
+    failure: EngineFailure | None = None
+    runs_to_failure: int | None = None
+    rules_to_failure: int | None = None
+    first_failing_rules: int | None = None  # length of the first failing run, before shrinking
+    seconds_to_failure: float | None = None
+    events: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    @property
+    def shrunk_rules(self) -> int | None:
+        return None if self.failure is None else len(self.failure.reproducer["ops"])
+
+
+def engine_failure_in(exc: BaseException) -> EngineFailure | None:
+    """The EngineFailure an exception is or holds (Hypothesis may group or wrap it as flaky)."""
+    if isinstance(exc, EngineFailure):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):  # an exception group
+        found = engine_failure_in(inner)
+        if found is not None:
+            return found
+    cause = exc.__cause__ or exc.__context__
+    return engine_failure_in(cause) if cause is not None and cause is not exc else None
+
+
+def run_machine(spec: str, max_examples: int, steps: int = 12, *, seed: int = 0, shrink: bool = True) -> MachineRun:
+    """The state machine on `spec` with `seed` deciding the runs (no database, quiet): the
+    shrunk failure (unshrunk with `shrink=False`, a fraction of the time) or a pass.
+    An engine whose constructor raises fails the contract's 'engine-builds' with no rules."""
+    from hypothesis import Verbosity
+    from hypothesis import seed as hseed
+    from hypothesis.stateful import get_state_machine_test
+
+    result = MachineRun(spec)
+    start = time.perf_counter()
+    base = machine_for(spec)
+
+    def timed_teardown(machine: EngineMachine) -> None:
+        session = machine.session
+        try:
+            EngineMachine.teardown(machine)  # drains the engine: the run may fail here
+        finally:
+            count(session)
+
+    def count(session: EngineSession | None) -> None:
+        if session is None or result.runs_to_failure is not None:
+            return
+        result.rules += len(session.ops)
+        if session.failed:
+            result.runs_to_failure = base.tally["runs"]
+            result.rules_to_failure = result.rules
+            result.first_failing_rules = len(session.ops)
+            result.seconds_to_failure = time.perf_counter() - start
+
+    machine = type(base.__name__, (base,), {"teardown": timed_teardown})
+    phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
+    test = get_state_machine_test(
+        machine,
+        settings=machine_settings(
+            max_examples, steps, derandomize=False, database=None, phases=phases, verbosity=Verbosity.quiet
+        ),
+    )
+    try:
+        with without_local_constants():
+            hseed(seed)(test)()
+    except ContractError as exc:  # the engine's constructor, in the machine's first rule
+        violation = Violation("contract", exc.rule, exc.found, exc.expected, evidence=exc.evidence)
+        reproducer = {"engine": spec, "num_draft_tokens": 1, "eos_token_id": None, "pad_token_id": 0, "ops": []}
+        result.failure = EngineFailure([violation], reproducer)
+    except Exception as exc:
+        result.failure = engine_failure_in(exc)
+        if result.failure is None:
+            raise
+    result.runs = base.tally["runs"]
+    result.seconds = time.perf_counter() - start
+    result.events = event_shares(base)
+    if result.failure is not None and result.runs_to_failure is None:
+        result.runs_to_failure, result.seconds_to_failure = max(result.runs, 1), result.seconds
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# Minimizing a reproducer: delta debugging over its rules, keeping the failure class
+
+
+@dataclass
+class MinimizedOps:
+    """A reproducer shrunk by `minimize_ops`, the violations it still shows and what it cost."""
+
+    original: dict[str, Any]
+    reproducer: dict[str, Any]
+    violations: list[Violation]
+    replays: int
+    seconds: float
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.original['ops'])} rules -> {len(self.reproducer['ops'])}, "
+            f"{self.replays} replays, {self.seconds:.1f} s"
+        )
+
+
+class ReproducerPasses(ValueError):
+    """The engine passes the reproducer: nothing to minimize."""
+
+
+def failure_key(violations: list[Violation]) -> tuple[str, str] | None:
+    """The failure class a smaller reproducer must keep: the first violation's check and rule."""
+    return (violations[0].check, violations[0].rule) if violations else None
+
+
+def simpler_adds(ops: list[dict[str, Any]], i: int) -> list[list[dict[str, Any]]]:
+    """Candidates that simplify the add at `i`: every draft rejected, then a smaller
+    max_new_tokens (1, 2, ...)."""
+    op = ops[i]
+    if op["op"] != "add":
+        return []
+    variants = [dict(op, accept="0" * len(op["accept"]))] if "1" in op["accept"] else []
+    variants += [dict(op, max_new_tokens=n) for n in range(1, int(op["max_new_tokens"]))]
+    return [ops[:i] + [v] + ops[i + 1 :] for v in variants]
+
+
+def minimize_ops(reproducer: dict[str, Any], budget: int = 500) -> MinimizedOps:
+    """ddmin (`specaudit.ddmin.ddmin`) over the reproducer's rules, then each add simplified;
+    a candidate counts when its replay fails with the same first check and rule. At most
+    `budget` replays; past it the smallest failing reproducer so far is kept."""
+    from specaudit.ddmin import ddmin
+
+    start = time.perf_counter()
+    original = dict(reproducer, ops=list(reproducer["ops"]))
+    key = failure_key(replay(original))
+    if key is None:
+        raise ReproducerPasses(f"{original['engine']} passes the reproducer's {len(original['ops'])} rules")
+    seen: dict[str, list[Violation] | None] = {}
+
+    def fails(ops: list[dict[str, Any]]) -> bool:
+        text = json.dumps(ops, sort_keys=True)
+        if text not in seen:
+            if len(seen) >= budget:
+                return False
+            violations = replay(dict(original, ops=ops))
+            seen[text] = violations if failure_key(violations) == key else None
+        return seen[text] is not None
+
+    ops = ddmin(original["ops"], fails)
+    for i in range(len(ops)):
+        ops = next((c for c in simpler_adds(ops, i) if fails(c)), ops)
+    violations = seen.get(json.dumps(ops, sort_keys=True)) or replay(dict(original, ops=ops))
+    return MinimizedOps(original, dict(original, ops=ops), violations, len(seen), time.perf_counter() - start)
+
+
+__all__ = [
+    "DEFAULT_ENGINES",
+    "ENGINE_CHECKS",
+    "EngineFailure",
+    "EngineMachine",
+    "EngineSession",
+    "MachineRun",
+    "MinimizedOps",
+    "ReproducerPasses",
+    "Request",
+    "event_shares",
+    "machine_for",
+    "minimize_ops",
+    "replay",
+    "run_machine",
+]
