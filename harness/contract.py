@@ -71,26 +71,31 @@ class ContractError(Exception):
         return f"got {self.found}, but should be {self.expected}"
 
 
-def load_decoder(spec: str) -> Any:
-    """Resolve `module:attr` to a class or zero-argument factory; errors say which part failed."""
+def resolve_spec(spec: str, kind: str, example: str, error: type[UsageError]) -> Any:
+    """`module:attr` to the object it names (a decoder's or an engine's factory); `error` says
+    which part failed, in one line."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise DecoderLoadError(
-            f"decoder spec {spec!r} is not of the form module:attr (e.g. specaudit.reference.eqspec:EqSpec)"
-        )
+        raise error(f"{kind} spec {spec!r} is not of the form module:attr (e.g. {example})")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (exc.name == module_name or module_name.startswith(exc.name + ".")):
-            raise DecoderLoadError(f"decoder module {module_name!r} not found (is it on sys.path?)") from exc
-        raise DecoderLoadError(f"decoder module {module_name!r} failed to import: {exc}") from exc
+            raise error(f"{kind} module {module_name!r} not found (is it on sys.path?)") from exc
+        raise error(f"{kind} module {module_name!r} failed to import: {exc}") from exc
     except Exception as exc:  # a module that raises on import is the user's bug, shown in one line
-        raise DecoderLoadError(f"decoder module {module_name!r} failed to import: {type(exc).__name__}: {exc}") from exc
+        raise error(f"{kind} module {module_name!r} failed to import: {type(exc).__name__}: {exc}") from exc
     factory = module
     for part in attr.split("."):
         if not hasattr(factory, part):
-            raise DecoderLoadError(f"decoder module {module_name!r} has no attribute {attr!r}")
+            raise error(f"{kind} module {module_name!r} has no attribute {attr!r}")
         factory = getattr(factory, part)
+    return factory
+
+
+def load_decoder(spec: str) -> Any:
+    """Resolve `module:attr` to a class or zero-argument factory; errors say which part failed."""
+    factory = resolve_spec(spec, "decoder", "specaudit.reference.eqspec:EqSpec", DecoderLoadError)
     if not callable(factory):
         raise DecoderLoadError(f"{spec!r} is neither a class nor a zero-argument callable")
     probe = factory if isinstance(factory, type) else None

@@ -19,11 +19,10 @@ breach is a ContractError naming the rule, what was found and what the rule want
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from specaudit.contract import ContractError, DecoderTimeout, time_limit
+from specaudit.contract import ContractError, DecoderTimeout, resolve_spec, time_limit
 from specaudit.errors import UsageError
 
 
@@ -70,24 +69,7 @@ def engine_error(rule: str, found: str, evidence: dict[str, Any] | None = None) 
 
 def load_engine(spec: str) -> Any:
     """Resolve `module:attr` to an engine class or factory; errors say which part failed."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise EngineLoadError(
-            f"engine spec {spec!r} is not of the form module:attr (e.g. specaudit.reference.engines:EqSpecEngine)"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (exc.name == module_name or module_name.startswith(exc.name + ".")):
-            raise EngineLoadError(f"engine module {module_name!r} not found (is it on sys.path?)") from exc
-        raise EngineLoadError(f"engine module {module_name!r} failed to import: {exc}") from exc
-    except Exception as exc:  # a module that raises on import is the user's bug, shown in one line
-        raise EngineLoadError(f"engine module {module_name!r} failed to import: {type(exc).__name__}: {exc}") from exc
-    factory: Any = module
-    for part in attr.split("."):
-        if not hasattr(factory, part):
-            raise EngineLoadError(f"engine module {module_name!r} has no attribute {attr!r}")
-        factory = getattr(factory, part)
+    factory = resolve_spec(spec, "engine", "specaudit.reference.engines:EqSpecEngine", EngineLoadError)
     if not callable(factory):
         raise EngineLoadError(f"{spec!r} is neither a class nor a callable")
     if isinstance(factory, type):

@@ -142,6 +142,7 @@ class EngineSession:
         self.seen_calls = 0
         self.unobserved = 0
         self.last_lengths: dict[int, int] = {}  # live request -> its tokens after the previous step
+        self.streams: dict[int, tuple[int, list[int]]] = {}  # request -> (call order, attended stream) last seen
         self.failed = False
         self.events: Counter[str] = Counter()
         try:
@@ -372,8 +373,10 @@ class EngineSession:
             return bad("duplicate-row", 0, f"request {request} in one row only (also row {bound[request]})", None, None)
         bound[request] = row
         sequence = self.tracked[request].sequence
+        chunk = self.continues_round(request, call, tokens[:past])
+        self.streams[request] = (call.order, tokens[:length])
         for i in range(length):  # the past, then the request's next token, must be its history
-            if i <= past and i >= matched:
+            if not chunk and matched <= i <= past:
                 want = sequence[i] if i < len(sequence) else None
                 rule = "input-token" if i == past else "attends-wrong-slot"
                 what = "the request's next token " if i == past else ""
@@ -382,6 +385,15 @@ class EngineSession:
                 want = sequence[i] if i < matched else None
                 return bad("position-ids", i, f"position {i}", want, i)
         return None
+
+    def continues_round(self, request: int, call: CallRecord, past: list[int]) -> bool:
+        """A verification split over several forwards: the row's past is exactly what the request's
+        previous target call attended, with no draft call since, so its unverified drafts belong to
+        this round and are no fault; positions are still judged."""
+        earlier = self.streams.get(request)
+        if earlier is None or earlier[1] != past:
+            return False
+        return not any(earlier[0] < c.order < call.order for c in self.recording.draft_calls)
 
     def equivalence(self) -> list[Violation]:
         """Each request's tokens so far are a prefix of the oracle's output."""

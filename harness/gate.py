@@ -173,14 +173,21 @@ def testcase(suite: ET.Element, v: Verdict, failure: Failure | None, reproducers
         "verdict": d.verdict if d else "pass",
         **{f"check:{check}": status for check, status in v.checks.items()},
     }
+    outcome(case, values, failure, known_message(v) if v.known else None, reproducers)
+
+
+def outcome(
+    case: ET.Element, values: dict[str, str], failure: Failure | None, known: str | None, reproducers: list[Path]
+) -> None:
+    """A testcase's properties, then its failure, or its xfail when only known failures, and reproducers."""
     case_props = ET.SubElement(case, "properties")
     for name, value in values.items():
         ET.SubElement(case_props, "property", name=name, value=value)
     if failure is not None:
         element = ET.SubElement(case, "failure", message=failure.message, type=failure.kind)
         element.text = failure.details
-    elif v.known:
-        ET.SubElement(case, "skipped", type="xfail", message=known_message(v))
+    elif known is not None:
+        ET.SubElement(case, "skipped", type="xfail", message=known)
     if reproducers:
         out = ET.SubElement(case, "system-out")
         out.text = "\n".join(f"reproducer written to {path}" for path in reproducers)
@@ -222,18 +229,8 @@ def engine_testcase(
         "verdict": "pass" if v.passed else "fail",
         **{f"event:{what}": f"{share:.3f}" for what, share in v.run.events.items()},
     }
-    case_props = ET.SubElement(case, "properties")
-    for name, value in values.items():
-        ET.SubElement(case_props, "property", name=name, value=value)
-    if failure is not None:
-        element = ET.SubElement(case, "failure", message=failure.message, type=failure.kind)
-        element.text = failure.details
-    elif known:
-        message = "known failures: " + ", ".join(sorted({f"{x.check} {x.rule}" for x in known}))
-        ET.SubElement(case, "skipped", type="xfail", message=message)
-    if reproducers:
-        out = ET.SubElement(case, "system-out")
-        out.text = "\n".join(f"reproducer written to {path}" for path in reproducers)
+    message = "known failures: " + ", ".join(sorted({f"{x.check} {x.rule}" for x in known})) if known else None
+    outcome(case, values, failure, message, reproducers)
 
 
 def _number(value: Any) -> str:

@@ -31,6 +31,7 @@ CORRECT_ENGINES = (
     "specaudit.reference.engines:EqSpecEngine",
     "specaudit.reference.engines:ExSpecEngine",
     "tests.engines.recompute:RecomputeEngine",
+    "tests.engines.split_verify:SplitVerifyEngine",  # verifies each round in two forwards
 )
 KILL_EXAMPLES = 30  # the ci profile's budget
 KILL_STEPS = 12
