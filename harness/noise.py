@@ -5,7 +5,7 @@ batched non-speculative control, prepared once per audit and shared by every dec
   prompts, teacher-forced along a plain batched greedy continuation, and kept on disk per
   (model, dtype, device, tokens), so a second audit of the same model does not pay for it.
 - The witness is the target in the next higher precision (float32 for float16/bfloat16,
-  float64 for float32): equivalence scores a divergence's shared prefix with it.
+  float64 for float32 on the CPU): equivalence scores a divergence's shared prefix with it.
 - The control is `BatchedGreedy` (no speculation) on every batch: its exact-match rate is the
   divergence batching alone causes, printed beside each decoder's (the paper's control).
 """
@@ -32,9 +32,12 @@ WITNESS_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32, to
 
 
 def witness_for(target: torch.nn.Module) -> torch.nn.Module:
-    """The target in the next higher precision (itself when already float64)."""
+    """The target in the next higher precision: itself when already float64, and a float32 model
+    on a GPU judges itself (a float64 copy would double its memory for a few scoring forwards)."""
     dtype = WITNESS_DTYPE.get(target.dtype)
-    return target if dtype is None else copy.deepcopy(target).to(dtype).eval()
+    if dtype is None or (dtype == torch.float64 and next(target.parameters()).device.type != "cpu"):
+        return target
+    return copy.deepcopy(target).to(dtype).eval()
 
 
 @torch.no_grad()
