@@ -1,6 +1,7 @@
 """Kill table, engine section: how fast the engine state machine catches each planted engine bug (issue 11).
 
-For every entry of specaudit.reference.engine_mutants.ENGINE_CATALOG and several seeds, run the
+For every entry of specaudit.reference.engine_mutants.ENGINE_CATALOG, every model of --models
+(the transparent one, and tiny Llama, whose past I2 reads as K/V) and several seeds, run the
 engine state machine (`specaudit.engine_machine.run_machine`: the `ci` profile's 30 runs of at
 most 12 rules, plus the drain) until the first failure, let Hypothesis shrink it, then
 delta-debug the shrunk rules (`minimize_ops`). Records per bug: median runs and rules to the
@@ -12,7 +13,7 @@ the share of runs with an admission into a batch with ragged acceptance.
 Writes the "Engine bugs" section of bench/results/kill_table.md (the decoder section above it is
 kept) and the rows with "kind": "engine" of kill_table.json (the decoder rows are kept).
 
-    python bench/kill_table_engines.py [--seeds 3] [--max-examples 30] [--only NAME ...]
+    python bench/kill_table_engines.py [--seeds 3] [--max-examples 30] [--models transparent,llama] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ STEPS = 12
 RAGGED = "admission into a batch with ragged acceptance"
 
 
-def kill_engine(name: str, seeds: int, max_examples: int) -> dict[str, Any]:
+def kill_engine(name: str, model: str, seeds: int, max_examples: int) -> dict[str, Any]:
     """Every seed's run of the machine on one planted bug; the smallest shrunk failure is ddmin'd."""
     spec = f"specaudit.reference.engine_mutants:{name}"
     bug = ENGINE_CATALOG[name].bug
-    runs = [run_machine(spec, max_examples, STEPS, seed=seed) for seed in range(seeds)]
+    runs = [run_machine(spec, max_examples, STEPS, seed=seed, model=model) for seed in range(seeds)]
     found = [r for r in runs if r.failure is not None]
-    row: dict[str, Any] = {"kind": "engine", "bug": name, "seeds": seeds, "caught": len(found)}
+    row: dict[str, Any] = {"kind": "engine", "bug": name, "model": model, "seeds": seeds, "caught": len(found)}
     row.update(expected_check=bug.first_check, expected_rule=bug.rule, signature=bug.signature)
     if not found:
         return row
@@ -69,11 +70,12 @@ def kill_engine(name: str, seeds: int, max_examples: int) -> dict[str, Any]:
     return row
 
 
-def reference_row(spec: str, seeds: int, max_examples: int) -> dict[str, Any]:
-    runs: list[MachineRun] = [run_machine(spec, max_examples, STEPS, seed=seed) for seed in range(seeds)]
+def reference_row(spec: str, model: str, seeds: int, max_examples: int) -> dict[str, Any]:
+    runs: list[MachineRun] = [run_machine(spec, max_examples, STEPS, seed=seed, model=model) for seed in range(seeds)]
     return {
         "kind": "engine-reference",
         "engine": spec,
+        "model": model,
         "seeds": seeds,
         "passed": sum(r.passed for r in runs),
         "runs_median": statistics.median(r.runs for r in runs),
@@ -89,17 +91,18 @@ def markdown(rows: list[dict[str, Any]], references: list[dict[str, Any]], heade
         "",
         header,
         "",
-        "| planted engine bug | caught | runs to first failure (median) | rules to first failure (median, all runs) "
-        "| first failing run (rules) | seconds to first failure (median / slowest) | shrunk rules (min / median) "
+        "| planted engine bug | model | caught | runs to first failure (median) "
+        "| rules to first failure (median, all runs) | first failing run (rules) "
+        "| seconds to first failure (median / slowest) | shrunk rules (min / median) "
         "| after ddmin | first check | rule | seconds per run of the machine (median) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if not r["caught"]:
-            lines.append(f"| {r['bug']} | 0/{r['seeds']} | - | - | - | - | - | - | - | - | - |")
+            lines.append(f"| {r['bug']} | {r['model']} | 0/{r['seeds']} | - | - | - | - | - | - | - | - | - |")
             continue
         lines.append(
-            f"| {r['bug']} | {r['caught']}/{r['seeds']} | {r['runs_to_first_median']} | "
+            f"| {r['bug']} | {r['model']} | {r['caught']}/{r['seeds']} | {r['runs_to_first_median']} | "
             f"{r['rules_to_first_median']} | {r['first_failing_run_rules_median']} | "
             f"{r['seconds_to_first_median']} / {r['seconds_to_first_slowest']} | "
             f"{r['shrunk_rules_min']} / {r['shrunk_rules_median']} | {r['ddmin_rules']} | {r['first_check']} | "
@@ -108,13 +111,14 @@ def markdown(rows: list[dict[str, Any]], references: list[dict[str, Any]], heade
     if references:
         lines += [
             "",
-            "| reference engine | passed | runs (median) | seconds (median / slowest) | runs with an admission "
+            "| reference engine | model | passed | runs (median) | seconds (median / slowest) | runs with an admission "
             "into a ragged batch (median share) |",
-            "|---|---|---|---|---|",
+            "|---|---|---|---|---|---|",
         ]
         for r in references:
             lines.append(
-                f"| {r['engine']} | {r['passed']}/{r['seeds']} | {r['runs_median']} | {r['seconds_median']} / "
+                f"| {r['engine']} | {r['model']} | {r['passed']}/{r['seeds']} | {r['runs_median']} | "
+                f"{r['seconds_median']} / "
                 f"{r['seconds_slowest']} | {r['ragged_admission_share']} |"
             )
     return "\n".join(lines) + "\n"
@@ -138,18 +142,24 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--max-examples", type=int, default=30, help="runs of the machine (the ci profile's 30)")
     parser.add_argument("--only", nargs="*", default=None, help="restrict to these catalog names (no reference rows)")
+    parser.add_argument("--models", default="transparent,llama", help="comma-separated built-in models")
     args = parser.parse_args()
+    models = args.models.split(",")
     started = time.perf_counter()
     rows = []
-    for name in args.only or list(ENGINE_CATALOG):
-        rows.append(kill_engine(name, args.seeds, args.max_examples))
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "reproducer"}), flush=True)
-    references = [] if args.only else [reference_row(s, args.seeds, args.max_examples) for s in DEFAULT_ENGINES]
-    for r in references:
-        print(json.dumps(r), flush=True)
+    for model in models:
+        for name in args.only or list(ENGINE_CATALOG):
+            rows.append(kill_engine(name, model, args.seeds, args.max_examples))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "reproducer"}), flush=True)
+    references = []
+    for model in [] if args.only else models:
+        for spec in DEFAULT_ENGINES:
+            references.append(reference_row(spec, model, args.seeds, args.max_examples))
+            print(json.dumps(references[-1]), flush=True)
     header = (
-        f"Engine state machine on the transparent model: {args.seeds} seeds, at most {args.max_examples} runs of "
-        f"{STEPS} rules (plus the drain) per seed, Hypothesis shrinking, then ddmin over the shrunk rules; "
+        f"Engine state machine on {' and '.join(models)} (float64): {args.seeds} seeds, "
+        f"at most {args.max_examples} runs of {STEPS} rules (plus the drain) per seed, Hypothesis shrinking, "
+        "then ddmin over the shrunk rules; "
         f"{torch.get_num_threads()} torch threads, {time.perf_counter() - started:.0f} s in all, "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end "
         "(`python bench/kill_table_engines.py`). A run is one generated rule sequence; rules to first failure "

@@ -320,6 +320,7 @@ class EngineVerdict:
     run: MachineRun
     expect_failure: bool = False  # a planted engine bug: the audit passes when it is caught
     minimized: MinimizedOps | None = None
+    model: str = "transparent"
 
     @property
     def passed(self) -> bool:
@@ -346,6 +347,7 @@ class EngineVerdict:
         return {
             "kind": "engine",
             "engine": self.engine,
+            "model": self.model,
             "expect_failure": self.expect_failure,
             "as_expected": self.as_expected,
             "runs": self.run.runs,
@@ -363,11 +365,19 @@ class EngineVerdict:
 
 
 def audit_engine(
-    spec: str, examples: int, seed: int, *, expect_failure: bool = False, shrink: bool = True
+    spec: str,
+    examples: int,
+    seed: int,
+    *,
+    expect_failure: bool = False,
+    shrink: bool = True,
+    model: str = "transparent",
 ) -> EngineVerdict:
-    """The state machine on `spec` (Hypothesis shrinks a failure unless `shrink` is off), then
-    the failing rules delta-debugged (`minimize_ops`): a reproducer as short as both can make it."""
-    verdict = EngineVerdict(spec, run_machine(spec, examples, ENGINE_STEPS, seed=seed, shrink=shrink), expect_failure)
+    """The state machine on `spec` and a built-in `model` (Hypothesis shrinks a failure unless
+    `shrink` is off), then the failing rules delta-debugged (`minimize_ops`): a reproducer as
+    short as both can make it."""
+    run = run_machine(spec, examples, ENGINE_STEPS, seed=seed, shrink=shrink, model=model)
+    verdict = EngineVerdict(spec, run, expect_failure, model=model)
     failure = verdict.run.failure
     if failure is not None and failure.reproducer["ops"]:
         try:
@@ -381,22 +391,23 @@ def planted_engine_bugs() -> list[str]:
     return [f"specaudit.reference.engine_mutants:{name}" for name in ENGINE_CATALOG]
 
 
-def engine_plan(settings: AuditSettings) -> list[tuple[str, bool]]:
-    """(engine, expect_failure) in run order: the engines named with --engine; with neither
-    --decoder nor --engine, the reference engines (must pass) and the planted engine bugs
-    (must be caught); with --decoder alone, none."""
+def engine_plan(settings: AuditSettings) -> list[tuple[str, bool, str]]:
+    """(engine, expect_failure, model) in run order: the engines named with --engine on every
+    model; with neither --decoder nor --engine, the reference engines on every model (must
+    pass) and the planted engine bugs on the first model (must be caught); with --decoder alone, none."""
     if settings.engines:
-        return [(spec, False) for spec in settings.engines]
+        return [(spec, False, model) for spec in settings.engines for model in settings.models]
     if settings.decoders:
         return []
-    return [(spec, False) for spec in DEFAULT_ENGINES] + [(spec, True) for spec in planted_engine_bugs()]
+    planted = [(spec, True, settings.models[0]) for spec in planted_engine_bugs()]
+    return [(spec, False, model) for spec in DEFAULT_ENGINES for model in settings.models] + planted
 
 
 def engine_line(v: EngineVerdict, width: int) -> str:
     j = v.to_json()
     ragged = v.run.events.get("admission into a batch with ragged acceptance")
     return (
-        f"{v.engine:<{width}} {v.run.runs:>5} {v.run.seconds:>6.1f} {_fmt(ragged, '.2f'):>6}  "
+        f"{v.engine:<{width}} {v.model:<11} {v.run.runs:>5} {v.run.seconds:>6.1f} {_fmt(ragged, '.2f'):>6}  "
         f"{'PASS' if v.passed else 'FAIL':<7} {(j['first_check'] or ''):<12} {(j['rule'] or ''):<18} "
         f"{_fmt(j['minimized_rules'], 'd'):>5}  {'yes' if v.as_expected else 'NO'}"
     )
@@ -405,9 +416,9 @@ def engine_line(v: EngineVerdict, width: int) -> str:
 def format_engine_table(verdicts: list[EngineVerdict]) -> str:
     """Engines: runs, time, share of runs with an admission into a ragged batch, the verdict,
     the first broken check and rule, and the length of the minimized rule sequence."""
-    width = max([41, *(len(v.engine) for v in verdicts)])
+    width = max([28, *(len(v.engine) for v in verdicts)])
     header = (
-        f"{'engine (state machine, transparent model)':<{width}} {'runs':>5} {'sec':>6} {'ragged':>6}  "
+        f"{'engine (state machine)':<{width}} {'model':<11} {'runs':>5} {'sec':>6} {'ragged':>6}  "
         f"{'verdict':<7} {'first check':<12} {'rule':<18} {'rules':>5}  expected"
     )
     lines = [header, "-" * len(header), *(engine_line(v, width) for v in verdicts)]
@@ -419,15 +430,16 @@ def format_engine_table(verdicts: list[EngineVerdict]) -> str:
         if v.violations and not v.expect_failure:
             lines += [
                 "",
-                f"{v.engine}: minimal failing rule sequence ({len((v.reproducer or {}).get('ops', []))} rules)",
+                f"{v.engine} on {v.model}: minimal failing rule sequence"
+                f" ({len((v.reproducer or {}).get('ops', []))} rules)",
             ]
             lines += ["  " + line for line in render(v.violations).splitlines()]
             lines.append("  reproducer: " + json.dumps(v.reproducer))
     return "\n".join(lines)
 
 
-def engine_file_name(spec: str) -> str:
-    return f"{spec}-engine"
+def engine_file_name(v: EngineVerdict) -> str:
+    return f"{v.engine}-{v.model}-engine"
 
 
 def write_engine_outputs(directory: Path, verdicts: list[EngineVerdict], summary: str) -> list[Path]:
@@ -435,7 +447,7 @@ def write_engine_outputs(directory: Path, verdicts: list[EngineVerdict], summary
     paths = []
     for v in verdicts:
         if v.reproducer is not None:
-            paths += write_engine_failure(directory, engine_file_name(v.engine), v.reproducer, v.violations, summary)
+            paths += write_engine_failure(directory, engine_file_name(v), v.reproducer, v.violations, summary)
     return paths
 
 
@@ -444,7 +456,8 @@ def finish_engine(v: EngineVerdict, index: int, total: int, quiet: bool) -> None
         outcome = "as expected" if v.as_expected else "UNEXPECTED"
         first = v.violations[0] if v.violations else None
         status = "PASS" if first is None else f"FAIL ({first.check} {first.rule})"
-        print(f"[{index}/{total}] engine {v.engine}: {status}, {outcome}", file=sys.stderr, flush=True)
+        line = f"[{index}/{total}] engine {v.engine} on {v.model}: {status}, {outcome}"
+        print(line, file=sys.stderr, flush=True)
 
 
 def audit_engines(settings: AuditSettings) -> list[EngineVerdict]:
@@ -452,9 +465,11 @@ def audit_engines(settings: AuditSettings) -> list[EngineVerdict]:
     skip Hypothesis's shrinking (seconds each) and are shrunk by `minimize_ops` alone."""
     plan = engine_plan(settings)
     verdicts = []
-    for i, (spec, expect_failure) in enumerate(plan, 1):
+    for i, (spec, expect_failure, model) in enumerate(plan, 1):
         budget = max(settings.examples, PLANTED_ENGINE_EXAMPLES) if expect_failure else settings.examples
-        verdict = audit_engine(spec, budget, settings.seed, expect_failure=expect_failure, shrink=not expect_failure)
+        verdict = audit_engine(
+            spec, budget, settings.seed, expect_failure=expect_failure, shrink=not expect_failure, model=model
+        )
         finish_engine(verdict, i, len(plan), settings.quiet)
         verdicts.append(verdict)
     return verdicts
@@ -465,7 +480,7 @@ def run_audit(settings: AuditSettings) -> int:
     plan = audit_plan(settings)
     for spec in dict.fromkeys(spec for spec, _, _ in plan):
         load_decoder(spec)  # an unloadable decoder is a usage error before anything runs
-    for spec in dict.fromkeys(spec for spec, _ in engine_plan(settings)):
+    for spec in dict.fromkeys(spec for spec, _, _ in engine_plan(settings)):
         load_engine(spec)
     left_out = [
         spec for spec, models in planted_bugs() if not settings.decoders and not set(models) & set(settings.models)

@@ -12,6 +12,7 @@ parser (`specaudit --help`, a usage error) stays fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ from specaudit.settings import (
     DEFAULT_MINIMIZE_OUT,
     REAL_DTYPES,
     AuditSettings,
+    BlackboxSettings,
     EngineMinimizeSettings,
     EngineReplaySettings,
     GateSettings,
@@ -47,7 +49,7 @@ REAL_MODEL_ONLY = ("draft", "prompts", "device", "dtype", "check_rate", "batch_s
 def cmd_audit(args: argparse.Namespace) -> int:
     if args.target is not None:
         if args.engine:
-            raise UsageError("--engine has no real-model mode (engines run on the built-in transparent model)")
+            raise UsageError("--engine has no real-model mode (engines run on the built-in models of --models)")
         real = real_audit_settings(args)
         from specaudit.realaudit import run_real_audit
 
@@ -160,6 +162,32 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from specaudit.gate import run_gate
 
     return run_gate(settings)
+
+
+def cmd_blackbox(args: argparse.Namespace) -> int:
+    """A server or an in-process engine that owns its models, judged at the output level."""
+    settings = BlackboxSettings(
+        target=args.target,
+        server=args.server,
+        engine=args.engine,
+        requests=args.requests,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        spread=args.spread,
+        prompts=args.prompts,
+        eos_token_id=args.eos_token_id,
+        served_model=args.served_model,
+        timeout_s=args.timeout,
+        max_batch=args.max_batch,
+        dtype=args.dtype,
+        replay=args.replay,
+        out=args.out,
+        json=args.json,
+        quiet=args.quiet,
+    )
+    from specaudit.adapters.engine_blackbox import run_blackbox
+
+    return run_blackbox(settings)
 
 
 # ---------------------------------------------------------------------------------------
@@ -301,6 +329,69 @@ def add_gate(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=cmd_gate)
 
 
+def add_blackbox(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "blackbox",
+        help="send staggered requests to a server or engine that owns its models; compare each output with the "
+        "batch-size-1 greedy oracle (output level only: no I1/I2)",
+        description="Send requests at seeded staggered arrivals to an OpenAI-compatible completions server "
+        "(--server) or an in-process engine (--engine) that owns its models, and compare each request's tokens with "
+        "the batch-size-1 greedy oracle of --target, tie-aware. Output level only: the engine's forwards are not "
+        "observed, so there is no I1, no I2 and no diagnosis of the cause. Exit 0 every request matches, 1 one "
+        "diverges or breaks the output contract, 2 usage error.",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--server", metavar="URL", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    where.add_argument(
+        "--engine",
+        metavar="MODULE:ATTR",
+        help="in-process engine owning its models: a step-wise engine or generate(prompts, max_new_tokens), or a "
+        "class/zero-argument factory building one",
+    )
+    parser.add_argument(
+        "--target",
+        metavar="NAME|DIR",
+        help=f"the model served, run in process for the oracle: a built-in name ({', '.join(MODELS)}, smollm2) or a "
+        "Hugging Face directory",
+    )
+    parser.add_argument("--requests", type=int, metavar="N", help="requests to send (default 8)")
+    parser.add_argument("--max-new-tokens", type=int, metavar="M", help="max_tokens per request (default 16)")
+    parser.add_argument("--seed", type=int, help="seeds the prompts, arrivals and batch cuts (default 0)")
+    parser.add_argument(
+        "--spread", type=float, metavar="X", help="arrivals over [0, X]: seconds for --server (default 0.5), steps "
+        "or arrival order for --engine (default 6)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--prompts",
+        type=Path,
+        metavar="FILE",
+        help="prompts: token ids (one JSON list per line), or text tokenized with the --target directory's "
+        "tokenizer (default: N prompts drawn from the seed)",
+    )
+    parser.add_argument(
+        "--eos-token-id", type=int, metavar="ID", help="the server's EOS id (default: none; ignore_eos is sent)"
+    )
+    parser.add_argument("--served-model", metavar="NAME", help="the `model` field of each request (--server)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per request (default 60)")
+    parser.add_argument(
+        "--max-batch", type=int, default=3, metavar="B", help="largest staggered batch for a generate() engine"
+    )
+    parser.add_argument("--dtype", choices=REAL_DTYPES, help="the target's dtype for the oracle")
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        metavar="FILE",
+        help="send the requests and arrivals of a reproducer (DIR/repro.json) again; its server/engine and target "
+        "unless given",
+    )
+    parser.add_argument(
+        "--out", type=Path, metavar="DIR", help="write DIR/repro.json (before sending) and DIR/report.json"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.set_defaults(func=cmd_blackbox)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specaudit", description="Correctness audit for batch speculative decoders.")
     sub = parser.add_subparsers(dest="command")
@@ -309,7 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the installed conformance suite: specaudit suite --decoder MODULE:ATTR | --engine MODULE:ATTR "
         "[pytest args]",
     )
-    adders: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_audit, add_replay, add_minimize, add_gate)
+    adders: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+        add_audit,
+        add_replay,
+        add_minimize,
+        add_gate,
+        add_blackbox,
+    )
     for add in adders:
         add(sub)
     return parser
@@ -320,6 +417,14 @@ def usage_error(message: str) -> int:
     line = " ".join(message.split())
     print(f"specaudit: error: {line}", file=sys.stderr)
     return 2
+
+
+def importable_from_here() -> None:
+    """`--decoder`/`--engine mypkg.mod:X` from the user's checkout, as `python -m` would find it:
+    the console script's sys.path starts at its own directory, not the working one."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    importable_from_here()
     try:
         return int(args.func(args))
     except UsageError as exc:

@@ -5,9 +5,11 @@ an acceptance schedule the scripted draft follows), step the engine and abort re
 arrivals at any step. After every step the harness checks, in this order:
 
   contract     the engine contract's fixed points (`specaudit.engine`), hooks saw every forward
-  I1           every target forward of the step is one rectangular batch (`checks.i1`)
+  I1           every target forward of the step is one rectangular batch (`checks.i1`); idle
+               rows that attend nothing are allowed (`IDLE_ROW_RULES`)
   I2           every row of those forwards attends exactly one live request's own tokens at
-               positions 0, 1, 2, ...; its first input is that request's next token
+               positions 0, 1, 2, ...; its first input is that request's next token (idle
+               rows, attending the pad token only, excepted)
   equivalence  each request's tokens so far are a prefix of its oracle output (finished ones
                equal to it: EOS or max_new_tokens)
   liveness     a request waits at most the declared `max_wait_steps` for its first token and
@@ -17,6 +19,9 @@ arrivals at any step. After every step the harness checks, in this order:
 Rows are bound to requests by construction: the harness knows which requests are live and
 their exact histories (prompt + oracle continuation), and prompts are drawn so that any two
 differ within the shorter one, so a row's leading (token, position) pairs name its request.
+On a tiny real model (float64) the past slots show K/V instead: each request's history is run
+once at batch size 1 and a row's past slot holds entry i of a request when its K/V equal that
+run's entry i within the dtype's tolerance (`EngineKV`); the current inputs are read as tokens.
 
 The machine logs its rules as a JSON reproducer; `replay(reproducer)` runs one again without
 Hypothesis and returns its violations.
@@ -24,8 +29,10 @@ Hypothesis and returns its violations.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -40,25 +47,39 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from specaudit.checks.i1 import i1_call_violations
-from specaudit.checks.rows import Observation, common_prefixes, observe
+from specaudit.checks.rows import UNKNOWN, Observation, common_prefixes, flat_cache, observe
 from specaudit.contract import ContractError, model_changes, model_state, remove_new_hooks
 from specaudit.determinism import without_local_constants
 from specaudit.engine import EngineBook, build_engine, declared, engine_error, load_engine
 from specaudit.fixtures import VOCAB_SIZE
+from specaudit.fixtures.pairs import DTYPES, KV_TOLERANCE, is_exact, target_model
 from specaudit.fixtures.transparent import RequestScript, Script, ScriptedDraft, scripted_draft, transparent_target
 from specaudit.instrument import CallRecord, breach, instrument
-from specaudit.reference.oracle import truncate
+from specaudit.models import check_model
+from specaudit.reference.oracle import kv_rows, reference_kv, truncate
 from specaudit.runner import oracle_continuation
 from specaudit.strategies import SCHEDULE_DRAWS, pattern_from_rounds, rounds_for
 from specaudit.violation import Violation, render
 
-DEFAULT_ENGINES = ("specaudit.reference.engines:EqSpecEngine", "specaudit.reference.engines:ExSpecEngine")
+DEFAULT_ENGINES = (
+    "specaudit.reference.engines:EqSpecEngine",
+    "specaudit.reference.engines:ExSpecEngine",
+    "specaudit.reference.engines:LazySpecEngine",
+)
 ENGINE_CHECKS = ("contract", "I1", "I2", "equivalence", "liveness")
 MAX_REQUESTS = 8
 MAX_PROMPT = 5
 MAX_NEW = 10
 MAX_K = 3
 STEP_TIMEOUT_S = 30.0
+DTYPE = "float64"
+"""Every model runs in float64: the tiny real ones are then exact up to rounding far below any
+greedy margin, so no tie can pass for a bug and I2 holds K/V to `KV_TOLERANCE`'s float64 bound."""
+IDLE_ROW_RULES = frozenset({"row-attends-nothing"})
+"""I1 rules an engine may break on purpose: a fixed-size engine runs idle rows (empty slots,
+CUDA-graph batches) that attend nothing, or only the pad token (`EngineSession.idle`). Such a
+row is bound to no request; an engine that used its output would emit a wrong token
+(equivalence) or starve its request (liveness)."""
 
 
 @dataclass(frozen=True)
@@ -96,11 +117,15 @@ class EngineFailure(AssertionError):
         return self.violations[0].check
 
 
-@functools.lru_cache(maxsize=1)
-def session_models() -> tuple[torch.nn.Module, ScriptedDraft]:
-    """The transparent target and a scripted draft, built once per process (building a model
-    costs more than a short session); each session gives the draft its own script."""
-    return transparent_target(), scripted_draft([])
+@functools.lru_cache(maxsize=8)
+def session_models(model: str = "transparent") -> tuple[torch.nn.Module, ScriptedDraft]:
+    """The session's target and a scripted draft, built once per process and model (building a
+    model costs more than a short session); each session gives the draft its own script. A tiny
+    real target is a copy of the shared one, so the oracle's and the K/V references' forwards on
+    the shared model are never recorded as the engine's."""
+    if is_exact(model):
+        return transparent_target(), scripted_draft([])
+    return copy.deepcopy(target_model(model, DTYPE)), scripted_draft([])
 
 
 def machine_settings(max_examples: int, steps: int = 12, **overrides: Any) -> settings:
@@ -118,23 +143,120 @@ def machine_settings(max_examples: int, steps: int = 12, **overrides: Any) -> se
 
 
 # ---------------------------------------------------------------------------------------
+# A tiny real model's past: K/V against each request's batch-size-1 entries
+
+
+@dataclass(frozen=True)
+class Stream:
+    """What a request's row attended in one target call: for the chunk rule."""
+
+    order: int  # the call's place among all calls
+    tokens: list[int]  # attended tokens, past then current (UNKNOWN for a real model's past)
+    kv: torch.Tensor | None  # [L, F] a real model's K/V of those entries
+
+
+class EngineKV:
+    """I2's reader for a tiny real target, whose past slots show K/V, not (token, position).
+
+    Each tracked request's history (prompt + oracle continuation) is run once at batch size 1
+    on the shared, unhooked target; a row's past slot holds a request's entry at stream index i
+    when its K/V equal that run's entry i within the dtype's fixed tolerance (float64 here, so
+    a wrong token, position or request is off by orders of magnitude more).
+    """
+
+    def __init__(self, model: str) -> None:
+        self.reference_model = target_model(model, DTYPE)
+        self.rtol, self.atol = KV_TOLERANCE[DTYPES[DTYPE]]
+        self.tolerance = f"tolerance rtol {self.rtol:g}, atol {self.atol:g}"
+        self.work = DTYPES[DTYPE]
+        self.refs: dict[int, torch.Tensor] = {}  # request -> [Ls, F] entries of its history
+        self.pads: dict[int, torch.Tensor] = {}  # m -> [m, F] entries of m pad tokens (idle rows)
+        self._call: tuple[int, torch.Tensor] | None = None
+
+    def track(self, request: int, sequence: tuple[int, ...]) -> None:
+        with torch.no_grad():
+            self.refs[request] = kv_rows(reference_kv(self.reference_model, sequence)).to(self.work)
+
+    def flat(self, call: CallRecord) -> torch.Tensor:
+        """[B, S, F] the call's cache after it (kept for the call's other rows)."""
+        if self._call is None or self._call[0] != call.order:
+            self._call = (call.order, flat_cache(call.cache_after, self.work))
+        return self._call[1]
+
+    def entries(self, call: CallRecord, row: int, slots: list[int]) -> torch.Tensor | None:
+        """[L, F] the K/V the call left in `slots` of `row` (None: a cache-free call)."""
+        if not call.cache_after:
+            return None
+        return self.flat(call)[row, torch.tensor(slots, dtype=torch.long)]
+
+    def same(self, found: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+        """[...] whether entries [..., F] equal `expected` [..., F] within the tolerance."""
+        return torch.isclose(found, expected, rtol=self.rtol, atol=self.atol).all(-1)
+
+    def prefixes(self, call: CallRecord, obs: Observation, refs: list[torch.Tensor]) -> torch.Tensor:
+        """[B, R] how many leading past slots of each row hold request r's entries 0, 1, ..."""
+        batch, width = obs.past.shape[0], int(obs.past.max()) if obs.past.numel() else 0
+        if width == 0 or not call.cache_after:
+            return torch.zeros(batch, len(refs), dtype=torch.long)
+        flat = self.flat(call)  # [B, S, F]
+        slots = obs.slots[:, :width].clamp(0, flat.shape[1] - 1)  # [B, P]
+        found = flat.gather(1, slots[..., None].expand(-1, -1, flat.shape[2]))  # [B, P, F]
+        table = torch.full((len(refs), width, flat.shape[2]), math.nan, dtype=self.work)  # [R, P, F]
+        for r, ref in enumerate(refs):
+            table[r, : min(width, ref.shape[0])] = ref[:width]
+        bad = ~self.same(found[:, None], table[None])  # [B, R, P]
+        bad &= (torch.arange(width)[None, :] < obs.past[:, None])[:, None, :]
+        first = torch.where(bad.any(-1), bad.int().argmax(-1), width)
+        return torch.minimum(first, obs.past[:, None])
+
+    def holds_pads(self, call: CallRecord, row: int, slots: list[int], pad: int) -> bool:
+        """Whether `slots` of `row` hold the pad token's entries at positions 0, 1, ... (an idle row)."""
+        if len(slots) not in self.pads:
+            with torch.no_grad():
+                self.pads[len(slots)] = kv_rows(reference_kv(self.reference_model, (pad,) * len(slots))).to(self.work)
+        found = self.entries(call, row, slots)
+        return found is not None and bool(self.same(found, self.pads[len(slots)]).all())
+
+    def describe(
+        self, call: CallRecord, row: int, slot: int, ref: torch.Tensor, index: int, request: int
+    ) -> tuple[str, float]:
+        """(what `slot` of `row` holds in words, its largest |K/V difference| from entry `index`
+        of request `request`'s `ref`)."""
+        if index >= ref.shape[0]:
+            return f"slot {slot}, past the end of request {request}'s history", math.inf
+        found = self.flat(call)[row, slot]  # [F]
+        distance = float((found - ref[index]).abs().max())
+        if bool(self.same(found, ref[index])):
+            return (
+                f"slot {slot} holding request {request}'s entry at position {index} (K/V within {self.tolerance})",
+                distance,
+            )
+        entry = f"request {request}'s batch-size-1 entry at position {index}"
+        return f"slot {slot} whose K/V are off {entry} by up to {distance:.3g} ({self.tolerance})", distance
+
+
+# ---------------------------------------------------------------------------------------
 # One session: an engine on instrumented models, checked after every step
 
 
 @dataclass
 class EngineSession:
-    """Runs one engine on the transparent target and a scripted draft, checking every step."""
+    """Runs one engine on a built-in target (the transparent one, or a tiny real model in
+    float64) and a scripted draft, checking every step."""
 
     spec: str
     num_draft_tokens: int
     eos_token_id: int | None
     pad_token_id: int
+    model: str = "transparent"
     ops: list[dict[str, Any]] = field(default_factory=list)
     on_event: Callable[[str], None] | None = None  # hypothesis.event inside the state machine
     timeout_s: float = STEP_TIMEOUT_S  # per engine call: a step() that hangs fails instead
 
     def __post_init__(self) -> None:
-        self.target, self.draft = session_models()
+        check_model(self.model, dtype=DTYPE)
+        self.target, self.draft = session_models(self.model)
+        self.kv = None if is_exact(self.model) else EngineKV(self.model)
         self.draft.script = Script([])
         self.stack = ExitStack()
         self.recording = self.stack.enter_context(instrument(self.target, self.draft))
@@ -142,7 +264,7 @@ class EngineSession:
         self.seen_calls = 0
         self.unobserved = 0
         self.last_lengths: dict[int, int] = {}  # live request -> its tokens after the previous step
-        self.streams: dict[int, tuple[int, list[int]]] = {}  # request -> (call order, attended stream) last seen
+        self.streams: dict[int, Stream] = {}  # request -> what its last target call attended
         self.failed = False
         self.events: Counter[str] = Counter()
         try:
@@ -172,6 +294,7 @@ class EngineSession:
             "num_draft_tokens": self.num_draft_tokens,
             "eos_token_id": self.eos_token_id,
             "pad_token_id": self.pad_token_id,
+            "model": self.model,
             "ops": list(self.ops),
         }
 
@@ -193,9 +316,11 @@ class EngineSession:
             }
         )
         horizon = request.max_new_tokens + self.num_draft_tokens + 2
-        continuation = oracle_continuation("transparent", "float64", request.prompt, horizon).tokens
+        continuation = oracle_continuation(self.model, DTYPE, request.prompt, horizon).tokens
         expected, _ = truncate(continuation, max_new_tokens=request.max_new_tokens, eos_token_id=self.eos_token_id)
         self.tracked[request.request_id] = Tracked(request, request.prompt + continuation, expected)
+        if self.kv is not None:
+            self.kv.track(request.request_id, request.prompt + continuation)
         scripts = [
             RequestScript(t.request.prompt, t.sequence[len(t.request.prompt) :], t.request.accept)
             for t in self.tracked.values()
@@ -229,7 +354,7 @@ class EngineSession:
         violations = self.guard(run)
         calls = self.new_calls()
         if not violations:
-            violations = [v for call in calls for v in i1_call_violations(call)]
+            violations = [v for call in calls for v in i1_call_violations(call) if v.rule not in IDLE_ROW_RULES]
         if not violations:
             violations = [v for call in calls for v in self.i2(call, eligible)]
         if not violations:
@@ -316,10 +441,14 @@ class EngineSession:
         width = max(len(s) for s in sequences)
         table = torch.tensor([list(s) + [-2] * (width - len(s)) for s in sequences])  # [R, Ls]
         lengths = torch.tensor([len(s) for s in sequences])  # [R]
-        obs = observe(call, exact=True)
+        exact = self.kv is None
+        obs = observe(call, exact=exact)
         # bound by content: tokens in order, positions judged apart (a wrong position is not a wrong request)
         by_content = replace(obs, positions=torch.arange(obs.tokens.shape[1]).expand_as(obs.tokens))
-        prefix = common_prefixes(by_content, table, lengths, exact=True)  # [B, R]
+        prefix = common_prefixes(by_content, table, lengths, exact=exact)  # [B, R]
+        if self.kv is not None:  # a real model's past counts only as far as its K/V are the request's entries
+            held = self.kv.prefixes(call, obs, [self.kv.refs[r] for r in ids])  # [B, R]
+            prefix = torch.where(held < obs.past[:, None], held, prefix)
         bound: dict[int, int] = {}
         out: list[Violation] = []
         for row in range(prefix.shape[0]):
@@ -348,17 +477,20 @@ class EngineSession:
 
         def bad(rule: str, index: int, expected: str, exp_token: int | None, exp_pos: int | None) -> Violation:
             found = f"slot {slots[index]} holding token {tokens[index]} at position {positions[index]}"
-            evidence = {
+            evidence: dict[str, Any] = {
                 "found_token": tokens[index],
                 "found_position": positions[index],
                 "expected_token": exp_token,
                 "expected_position": exp_pos,
                 "index": index,
             }
+            if tokens[index] == UNKNOWN and self.kv is not None:  # a real model's past slot: its K/V
+                found, distance = self.kv.describe(call, row, slots[index], self.kv.refs[request], index, request)
+                evidence.update(found_token=None, found_position=None, kv_distance=distance)
             return Violation("I2", rule, found, expected, call.index, row, slots[index], request, evidence)
 
-        if length == 0:
-            return None  # I1 reports a row attending nothing
+        if length == 0 or self.idle(call, row, tokens[:length], slots[:past], matched):
+            return None  # an idle row: bound to no request, not judged
         if matched == 0:
             return bad("row-identity", 0, "the first token of a live request's prompt", None, 0)
         if request not in eligible:
@@ -373,27 +505,48 @@ class EngineSession:
             return bad("duplicate-row", 0, f"request {request} in one row only (also row {bound[request]})", None, None)
         bound[request] = row
         sequence = self.tracked[request].sequence
-        chunk = self.continues_round(request, call, tokens[:past])
-        self.streams[request] = (call.order, tokens[:length])
+        stream = Stream(
+            call.order, tokens[:length], None if self.kv is None else self.kv.entries(call, row, slots[:length])
+        )
+        chunk = self.continues_round(request, call, stream, past)
+        self.streams[request] = stream
         for i in range(length):  # the past, then the request's next token, must be its history
             if not chunk and matched <= i <= past:
                 want = sequence[i] if i < len(sequence) else None
                 rule = "input-token" if i == past else "attends-wrong-slot"
                 what = "the request's next token " if i == past else ""
                 return bad(rule, i, f"{what}token {want} at position {i}", want, i)
+            if i < past and self.kv is not None:
+                continue  # a real model's past positions are judged through its K/V (above)
             if positions[i] != i:  # drafts may be anything, but at the next positions
                 want = sequence[i] if i < matched else None
                 return bad("position-ids", i, f"position {i}", want, i)
         return None
 
-    def continues_round(self, request: int, call: CallRecord, past: list[int]) -> bool:
-        """A verification split over several forwards: the row's past is exactly what the request's
-        previous target call attended, with no draft call since, so its unverified drafts belong to
-        this round and are no fault; positions are still judged."""
-        earlier = self.streams.get(request)
-        if earlier is None or earlier[1] != past:
+    def idle(self, call: CallRecord, row: int, stream: list[int], past: list[int], matched: int) -> bool:
+        """An idle row, the empty slot of a fixed-size engine: it attends the pad token only (on a
+        real model: its inputs are the pad token and its past holds pads or no request's history).
+        An engine that used its output would emit a wrong token (equivalence) or starve a request
+        (liveness)."""
+        pad = self.pad_token_id
+        if any(t != pad for t in stream[len(past) :]):
             return False
-        return not any(earlier[0] < c.order < call.order for c in self.recording.draft_calls)
+        if self.kv is None:
+            return all(t == pad for t in stream[: len(past)])
+        return not past or matched == 0 or self.kv.holds_pads(call, row, past, pad)
+
+    def continues_round(self, request: int, call: CallRecord, now: Stream, past: int) -> bool:
+        """A verification split over several forwards: the row's past is exactly what the request's
+        previous target call attended (its tokens, or on a real model its K/V), with no draft call
+        since, so its unverified drafts belong to this round and are no fault; positions are still judged."""
+        earlier = self.streams.get(request)
+        if earlier is None or len(earlier.tokens) != past:
+            return False
+        if self.kv is None:
+            same = earlier.tokens == now.tokens[:past]
+        else:
+            same = earlier.kv is not None and now.kv is not None and bool(self.kv.same(now.kv[:past], earlier.kv).all())
+        return same and not any(earlier.order < c.order < call.order for c in self.recording.draft_calls)
 
     def equivalence(self) -> list[Violation]:
         """Each request's tokens so far are a prefix of the oracle's output."""
@@ -473,6 +626,7 @@ def replay(reproducer: dict[str, Any] | str | Path) -> list[Violation]:
         int(reproducer["num_draft_tokens"]),
         reproducer["eos_token_id"],
         int(reproducer["pad_token_id"]),
+        str(reproducer.get("model", "transparent")),  # written before engines ran on tiny real models
     )
     try:
         for op in reproducer["ops"]:
@@ -526,6 +680,7 @@ class EngineMachine(RuleBasedStateMachine):
     """Rules: add a request (arriving at any step), step the engine, abort a request."""
 
     engine_spec: str = DEFAULT_ENGINES[0]
+    model: str = "transparent"
     tally: Counter[str] = Counter()  # per class (see machine_for): runs, and runs that had each event
 
     def __init__(self) -> None:
@@ -545,8 +700,8 @@ class EngineMachine(RuleBasedStateMachine):
         first = draw_request(data, 0, k, [])
         eos = None
         if eos_at is not None:
-            eos = oracle_continuation("transparent", "float64", first.prompt, MAX_NEW).tokens[eos_at]
-        self.session = EngineSession(self.engine_spec, k, eos, pad, on_event=event)
+            eos = oracle_continuation(self.model, DTYPE, first.prompt, MAX_NEW).tokens[eos_at]
+        self.session = EngineSession(self.engine_spec, k, eos, pad, self.model, on_event=event)
         self.session.add(first)
         for _ in range(initial - 1):
             self.add_request(data)
@@ -609,10 +764,10 @@ class EngineMachine(RuleBasedStateMachine):
             session.close()
 
 
-def machine_for(spec: str) -> type[EngineMachine]:
-    """The state machine class for one engine spec."""
-    name = "EngineMachine_" + "".join(c if c.isalnum() else "_" for c in spec)
-    return type(name, (EngineMachine,), {"engine_spec": spec, "tally": Counter()})
+def machine_for(spec: str, model: str = "transparent") -> type[EngineMachine]:
+    """The state machine class for one engine spec on one built-in model."""
+    name = "EngineMachine_" + "".join(c if c.isalnum() else "_" for c in f"{spec}_{model}")
+    return type(name, (EngineMachine,), {"engine_spec": spec, "model": model, "tally": Counter()})
 
 
 def event_shares(machine: type[EngineMachine]) -> dict[str, float]:
@@ -664,17 +819,25 @@ def engine_failure_in(exc: BaseException) -> EngineFailure | None:
     return engine_failure_in(cause) if cause is not None and cause is not exc else None
 
 
-def run_machine(spec: str, max_examples: int, steps: int = 12, *, seed: int = 0, shrink: bool = True) -> MachineRun:
-    """The state machine on `spec` with `seed` deciding the runs (no database, quiet): the
-    shrunk failure (unshrunk with `shrink=False`, a fraction of the time) or a pass.
-    An engine whose constructor raises fails the contract's 'engine-builds' with no rules."""
+def run_machine(
+    spec: str,
+    max_examples: int,
+    steps: int = 12,
+    *,
+    seed: int = 0,
+    shrink: bool = True,
+    model: str = "transparent",
+) -> MachineRun:
+    """The state machine on `spec` and a built-in `model` with `seed` deciding the runs (no
+    database, quiet): the shrunk failure (unshrunk with `shrink=False`, a fraction of the time)
+    or a pass. An engine whose constructor raises fails the contract's 'engine-builds' with no rules."""
     from hypothesis import Verbosity
     from hypothesis import seed as hseed
     from hypothesis.stateful import get_state_machine_test
 
     result = MachineRun(spec)
     start = time.perf_counter()
-    base = machine_for(spec)
+    base = machine_for(spec, model)
 
     def timed_teardown(machine: EngineMachine) -> None:
         session = machine.session
@@ -706,7 +869,14 @@ def run_machine(spec: str, max_examples: int, steps: int = 12, *, seed: int = 0,
             hseed(seed)(test)()
     except ContractError as exc:  # the engine's constructor, in the machine's first rule
         violation = Violation("contract", exc.rule, exc.found, exc.expected, evidence=exc.evidence)
-        reproducer = {"engine": spec, "num_draft_tokens": 1, "eos_token_id": None, "pad_token_id": 0, "ops": []}
+        reproducer = {
+            "engine": spec,
+            "num_draft_tokens": 1,
+            "eos_token_id": None,
+            "pad_token_id": 0,
+            "model": model,
+            "ops": [],
+        }
         result.failure = EngineFailure([violation], reproducer)
     except Exception as exc:
         result.failure = engine_failure_in(exc)

@@ -23,11 +23,11 @@ Each failing testcase leaves its shrunk case in --out as `<decoder>_<model>.json
 reproducer) and `test_regression_<decoder>_<model>.py` (see `specaudit.reproducer`).
 
 Engines (`--engine MODULE:ATTR`, repeatable; alone it gates the engines only) run through the
-engine state machine (`specaudit.engine_machine`) with up to --examples runs on the built-in
-transparent model: one testcase each (`name="engine-machine"`), failing on the first broken
-check unless --xfails lists it under model `transparent`. The machine stops at its first
-failure, so a known engine failure ends that engine's search. A failing engine leaves its
-shrunk rule sequence as `<engine>-engine.json` (replay with `specaudit replay FILE --engine X`)
+engine state machine (`specaudit.engine_machine`) with up to --examples runs on each of
+--models: one testcase per engine and model (`name="engine-machine[MODEL]"`), failing on the
+first broken check unless --xfails lists it under that model. The machine stops at its first
+failure, so a known engine failure ends that search. A failing engine leaves its shrunk rule
+sequence as `<engine>-<model>-engine.json` (replay with `specaudit replay FILE --engine X`)
 and its regression test.
 
 Exit status: 0 when the gate passes, 1 when it fails; bad input is a `UsageError`.
@@ -194,8 +194,8 @@ def outcome(
 
 
 def engine_known(v: EngineVerdict, settings: GateSettings) -> list[Violation]:
-    """The engine's violations when --xfails lists every one of them (model `transparent`), else []."""
-    known = [x for x in v.violations if settings.xfails.matches(v.engine, "transparent", x.check, x.rule)]
+    """The engine's violations when --xfails lists every one of them (on its model), else []."""
+    known = [x for x in v.violations if settings.xfails.matches(v.engine, v.model, x.check, x.rule)]
     return known if v.violations and len(known) == len(v.violations) else []
 
 
@@ -214,12 +214,16 @@ def engine_testcase(
 ) -> None:
     """One engine: the state machine's runs, the admission events and the outcome."""
     case = ET.SubElement(
-        suite, "testcase", classname=f"specaudit.{v.engine}", name="engine-machine", time=f"{v.run.seconds:.3f}"
+        suite,
+        "testcase",
+        classname=f"specaudit.{v.engine}",
+        name=f"engine-machine[{v.model}]",
+        time=f"{v.run.seconds:.3f}",
     )
     j = v.to_json()
     values = {
         "engine": v.engine,
-        "model": "transparent",
+        "model": v.model,
         "runs": str(v.run.runs),
         "rules": str(v.run.rules),
         "runs_to_failure": "" if j["runs_to_failure"] is None else str(j["runs_to_failure"]),
@@ -262,7 +266,7 @@ def write_outputs(
         for i, e in enumerate(engines):
             if e.reproducer is not None:
                 engine_reproducers[i] = write_engine_failure(
-                    settings.out, engine_file_name(e.engine), e.reproducer, e.violations, "shrunk in specaudit gate"
+                    settings.out, engine_file_name(e), e.reproducer, e.violations, "shrunk in specaudit gate"
                 )
         tree = junit_xml(verdicts, settings, reproducers, engines, engine_reproducers)
         settings.junit.parent.mkdir(parents=True, exist_ok=True)
@@ -302,9 +306,10 @@ def run_gate(settings: GateSettings) -> int:
             progress.finish_item(verdict)
             verdicts.append(verdict)
     engines = []
-    for i, spec in enumerate(settings.engines, 1):
-        engines.append(audit_engine(spec, settings.examples, settings.seed))
-        finish_engine(engines[-1], i, len(settings.engines), settings.quiet)
+    plan = [(spec, model) for spec in settings.engines for model in settings.models]
+    for i, (spec, model) in enumerate(plan, 1):
+        engines.append(audit_engine(spec, settings.examples, settings.seed, model=model))
+        finish_engine(engines[-1], i, len(plan), settings.quiet)
     if verdicts:
         print(format_table(verdicts))
     if engines:

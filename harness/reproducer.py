@@ -19,7 +19,7 @@ from typing import Any
 from specaudit.case import Case
 from specaudit.diagnosis import Diagnosis, diagnose
 from specaudit.errors import UsageError
-from specaudit.models import check_model
+from specaudit.models import MODELS, check_model
 from specaudit.runner import Run, run_case
 from specaudit.settings import EngineReplaySettings
 from specaudit.violation import Violation, render
@@ -156,6 +156,8 @@ def replay(case_file: Path, decoder: str) -> Diagnosis:
 # Engine reproducers: a logged rule sequence of the engine state machine (a file with "ops")
 
 ENGINE_KEYS = ("engine", "num_draft_tokens", "eos_token_id", "pad_token_id", "ops")
+ENGINE_MODEL_DEFAULT = "transparent"
+"""The model of a reproducer without a "model" key (written before engines ran on tiny real models)."""
 ENGINE_OPS = {"add": ("id", "prompt", "max_new_tokens", "accept"), "step": (), "abort": ("id",), "drain": ()}
 """Each rule of an engine reproducer and the fields it needs (`specaudit.engine_machine.replay`)."""
 
@@ -190,6 +192,9 @@ def load_engine_reproducer(path: Path, engine: str | None = None) -> dict[str, A
         raise UsageError(f"{path}: engine reproducer lacks {', '.join(missing)}")
     if not isinstance(document["ops"], list):
         raise UsageError(f"{path}: 'ops' must be a list of rules")
+    model = document.get("model", ENGINE_MODEL_DEFAULT)
+    if model not in MODELS:
+        raise UsageError(f"{path}: model {model!r} is not a built-in model ({', '.join(MODELS)})")
     for i, op in enumerate(document["ops"]):
         kind = op.get("op") if isinstance(op, dict) else None
         if kind not in ENGINE_OPS:
@@ -254,6 +259,7 @@ def engine_regression_test_source(
     """A ready pytest file holding the rules as a Python literal; free text only in comments."""
     first = violations[0] if violations else None
     rules = {key: reproducer[key] for key in ENGINE_KEYS}
+    rules["model"] = reproducer.get("model", ENGINE_MODEL_DEFAULT)
     return _ENGINE_TEMPLATE.format(
         engine=str(reproducer["engine"]).replace("\n", " "),
         first_check=first.check if first else "-",

@@ -154,3 +154,57 @@ class EngineMinimizeSettings:
 
     def __post_init__(self) -> None:
         at_least("--budget", self.budget, 1)
+
+
+@dataclass(frozen=True)
+class BlackboxSettings:
+    """`specaudit blackbox`: one staggered run of a server or an in-process engine against `target`'s oracle.
+
+    `replay`: a reproducer written by an earlier run; its requests, arrivals, seed and EOS are
+    used, and its server/engine/target unless given here."""
+
+    target: str | None = None
+    server: str | None = None
+    engine: str | None = None
+    requests: int | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    spread: float | None = None
+    prompts: Path | None = None
+    eos_token_id: int | None = None
+    served_model: str | None = None
+    timeout_s: float = 60.0
+    max_batch: int = 3
+    dtype: str | None = None
+    replay: Path | None = None
+    out: Path | None = None
+    json: bool = False
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.server is not None and self.engine is not None:
+            raise UsageError("give --server URL or --engine MODULE:ATTR, not both")
+        counts = {"--requests": self.requests, "--max-new-tokens": self.max_new_tokens, "--max-batch": self.max_batch}
+        for flag, value in counts.items():
+            if value is not None:
+                at_least(flag, value, 1)
+        if self.spread is not None and self.spread < 0:
+            raise UsageError(f"--spread must not be negative, got {self.spread:g}")
+        if self.timeout_s <= 0:
+            raise UsageError(f"--timeout must be positive, got {self.timeout_s:g}")
+        if self.replay is not None:
+            fixed = {
+                "--requests": self.requests,
+                "--prompts": self.prompts,
+                "--max-new-tokens": self.max_new_tokens,
+                "--seed": self.seed,
+                "--spread": self.spread,
+                "--eos-token-id": self.eos_token_id,
+            }
+            given = [flag for flag, value in fixed.items() if value is not None]
+            if given:
+                raise UsageError(f"{', '.join(given)}: the reproducer given with --replay fixes the requests")
+        elif self.server is None and self.engine is None:
+            raise UsageError("give --server URL (an OpenAI-compatible server) or --engine MODULE:ATTR")
+        elif self.target is None:
+            raise UsageError("--target is required: the model the server or engine runs (name or directory)")

@@ -1,6 +1,8 @@
 """The engine property: a continuous-batching engine (`--engine module:attr`, default the
 reference engines) matches the oracle after every step of a Hypothesis state machine whose
-rules add requests at any step, step the engine and abort requests (`specaudit.engine_machine`)."""
+rules add requests at any step, step the engine and abort requests (`specaudit.engine_machine`),
+on every built-in model of `--models` (the transparent one, and the tiny real ones in float64,
+whose past slots I2 reads as K/V)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ ENGINE_STEPS = 12
 """Rules per generated run (the drain at the end adds the steps it takes to finish)."""
 
 
-def test_engine_matches_oracle_at_every_step(engine_spec: str, record_property: Any) -> None:
+def test_engine_matches_oracle_at_every_step(engine_spec: str, specaudit_model: str, record_property: Any) -> None:
     """After every step, every target forward keeps I1 and I2 with rows bound to live requests, every
     request's tokens are a prefix of its oracle output (equal once finished), aborted requests stay
     silent, and no request waits longer than the engine's declared max_wait_steps."""
@@ -27,11 +29,14 @@ def test_engine_matches_oracle_at_every_step(engine_spec: str, record_property: 
         load_engine(engine_spec)
     except EngineLoadError as exc:
         pytest.fail(str(exc), pytrace=False)
-    machine = machine_for(engine_spec)
+    machine = machine_for(engine_spec, specaudit_model)
     try:
         run_state_machine_as_test(machine, settings=machine_settings(settings.default.max_examples, ENGINE_STEPS))
     finally:
         shares = event_shares(machine)
         for what, share in shares.items():
             record_property(what, f"{share:.2f}")
-        print(f"{engine_spec}: {machine.tally['runs']} runs; " + ", ".join(f"{w}: {s:.0%}" for w, s in shares.items()))
+        print(
+            f"{engine_spec} on {specaudit_model}: {machine.tally['runs']} runs; "
+            + ", ".join(f"{w}: {s:.0%}" for w, s in shares.items())
+        )

@@ -11,6 +11,9 @@ engine contract (see `specaudit.engine`) and admission between rounds.
     (EQSPEC's gather_rows). Every running request advances every step.
   - ExSpecEngine: EXSPEC's pool. A newcomer is prefilled and takes a free slot of the pool
     (a slot table with a free list); EXSPEC's scheduler picks each step's batch from it.
+  - LazySpecEngine: EqSpecEngine with LazySpec's rounds (`reference/lazy.py`): rejected slots
+    stay in the cache, masked, and are compacted only when waste passes a threshold, so a
+    newcomer is repadded into a batch whose rows are full of masked holes.
 
 A step is: admit (prefill newcomers, emit their first token), then one round over the batch.
 """
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from specaudit.compat import cache_from_tensors, cache_layers
 from specaudit.reference.eqspec import BatchState, EqSpec
 from specaudit.reference.exspec import ExSpec, Sequence
+from specaudit.reference.lazy import LazySpec
 
 
 class EngineLedger:
@@ -297,4 +301,16 @@ class ExSpecEngine(EngineLedger, ExSpec):
         return slot
 
 
-__all__ = ["EngineLedger", "EqSpecEngine", "ExSpecEngine", "pad_left", "stack_caches"]
+class LazySpecEngine(EqSpecEngine, LazySpec):
+    """EqSpecEngine whose rounds mask rejected slots instead of realigning (LazySpec's realign)."""
+
+    name = "LazySpec engine"
+
+    def __init__(
+        self, target: torch.nn.Module, draft: torch.nn.Module, *, compact_above: float = 0.5, **engine: Any
+    ) -> None:
+        super().__init__(target, draft, **engine)
+        LazySpec.__init__(self, compact_above)
+
+
+__all__ = ["EngineLedger", "EqSpecEngine", "ExSpecEngine", "LazySpecEngine", "pad_left", "stack_caches"]

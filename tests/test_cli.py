@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,3 +160,17 @@ def test_no_module_level_getattr() -> None:
         if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(path.read_text()).body)
     ]
     assert lazy == []
+
+
+def test_the_console_script_finds_decoders_in_the_working_directory(tmp_path: Path) -> None:
+    """`specaudit audit --decoder mine:Mine` from a user's checkout, as `python -m` would find it
+    (a console script's sys.path starts at its own directory)."""
+    script = Path(sys.executable).with_name("specaudit")
+    if not script.exists():
+        pytest.skip(f"no console script beside {sys.executable}")
+    (tmp_path / "mine.py").write_text("from specaudit.reference.eqspec import EqSpec as Mine\n")
+    argv = [str(script), "audit", "--decoder", "mine:Mine", "--models", "transparent", "--examples", "1", "--quiet"]
+    env = dict(os.environ, PYTHONPATH="")
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
+    assert "mine:Mine" in done.stdout, done.stdout[-1500:]

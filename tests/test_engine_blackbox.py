@@ -303,6 +303,16 @@ def test_engine_contract_breaches_are_errors_not_crashes(pair) -> None:
     assert raised.errors == [0, 1] and "engine down" in raised.outcomes[0].error.found
 
 
+def test_verdict_table_rows(pair) -> None:
+    """The CLI's table: one row per request with its verdict; errors spelled out below, evidence last."""
+    result = audit_callable(_Misbehaving(), pair[0], PROMPTS[:2], max_new_tokens=3, arrivals=[0, 1])
+    lines = result.table().splitlines()
+    assert lines[1].split()[:3] == ["request", "arrival", "(step)"], lines[1]
+    assert [line.split()[0] for line in lines[2:4]] == ["0", "1"], lines
+    assert all("error [known-request]" in line for line in lines[2:4]), lines
+    assert lines[4].startswith("  engine: ") and lines[-1] == f"level of evidence: {EVIDENCE}", lines
+
+
 def test_schedules_are_seeded() -> None:
     """The arrival schedule and batch cut come from the seed alone: same seed, same schedule."""
     assert seeded_arrivals(6, 7, 0.5) == seeded_arrivals(6, 7, 0.5) != seeded_arrivals(6, 8, 0.5)

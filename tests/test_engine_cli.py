@@ -17,10 +17,12 @@ import pytest
 from specaudit.audit import audit_engine, audit_plan, engine_plan, planted_engine_bugs
 from specaudit.cli import main
 from specaudit.engine_machine import DEFAULT_ENGINES, ENGINE_CHECKS, replay
+from specaudit.models import MODELS
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
 from specaudit.settings import AuditSettings
 
 EQSPEC_ENGINE = "specaudit.reference.engines:EqSpecEngine"
+ADMIT_POSITIONS = "specaudit.reference.engine_mutants:AdmitPositionsFromWidth"
 FREE_LIST = "specaudit.reference.engine_mutants:FreeListOffByOne"  # caught and shrunk in about a second
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,16 +43,19 @@ def only_json(directory: Path) -> Path:
 
 
 def test_audit_of_a_reference_engine_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    """On every built-in model: the transparent one and the tiny real ones (K/V read by I2)."""
     assert main(["audit", "--engine", EQSPEC_ENGINE, "--examples", "5", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert EQSPEC_ENGINE in out and "PASS" in out and "1 as expected, 0 not" in out, out
+    assert EQSPEC_ENGINE in out and "PASS" in out and f"{len(MODELS)} as expected, 0 not" in out, out
+    assert all(model in out for model in MODELS), out
     assert "align%" not in out, "--engine alone audits no decoder (no decoder table)"
 
 
 def test_planted_engine_bug_fails_replays_and_minimizes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """audit writes the shrunk rules; replay reproduces them (the reference engine passes them);
     minimize shrinks a padded copy back and writes a regression test that fails on the bug only."""
-    assert main(["audit", "--engine", FREE_LIST, "--examples", "10", "--quiet", "--out", str(tmp_path / "a")]) == 1
+    argv = ["audit", "--engine", FREE_LIST, "--models", "transparent", "--examples", "10", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "contract" in out and "has-unfinished" in out, out
     report = json.loads((tmp_path / "a" / "report.json").read_text())
@@ -86,8 +91,11 @@ def test_default_audit_adds_the_engines() -> None:
     """No --decoder and no --engine: the reference engines (must pass) and every planted engine
     bug (must be caught); --decoder alone runs no engine, --engine alone no decoder."""
     plan = engine_plan(AuditSettings())
-    assert [s for s, expect in plan if not expect] == list(DEFAULT_ENGINES)
-    assert sorted(s for s, expect in plan if expect) == sorted(planted_engine_bugs())
+    assert [(s, m) for s, expect, m in plan if not expect] == [(s, m) for s in DEFAULT_ENGINES for m in MODELS]
+    assert sorted(s for s, expect, _ in plan if expect) == sorted(planted_engine_bugs())
+    assert {m for _, expect, m in plan if expect} == {MODELS[0]}, "planted engine bugs: searched on the first model"
+    named = engine_plan(AuditSettings(engines=(EQSPEC_ENGINE,), models=("gpt2",)))
+    assert named == [(EQSPEC_ENGINE, False, "gpt2")]
     assert len(planted_engine_bugs()) == len(ENGINE_CATALOG) >= 8
     assert engine_plan(AuditSettings(decoders=("specaudit.reference.eqspec:EqSpec",))) == []
     assert audit_plan(AuditSettings(engines=(EQSPEC_ENGINE,))) == []
@@ -143,6 +151,24 @@ def test_engine_reproducer_checks(tmp_path: Path, capsys: pytest.CaptureFixture[
     path.write_text(json.dumps({"ops": []}))
     assert main(["replay", str(path), "--engine", "nope.nothing:X"]) == 2
     assert "lacks engine" in one_error_line(capsys)
+    path.write_text(json.dumps({"engine": EQSPEC_ENGINE, "num_draft_tokens": 1, "eos_token_id": None,
+                                "pad_token_id": 0, "model": "gpt7", "ops": []}))  # fmt: skip
+    assert main(["replay", str(path)]) == 2
+    assert "model 'gpt7' is not a built-in model" in one_error_line(capsys)
+
+
+def test_a_tiny_model_failure_replays_on_its_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An engine failure on tiny GPT-2 leaves a reproducer and a regression test that name the
+    model, so both replay it there (on the transparent model the rules would be another test)."""
+    argv = ["audit", "--engine", ADMIT_POSITIONS, "--models", "gpt2", "--examples", "10", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 1
+    reproducer = only_json(tmp_path / "a" / "repro")
+    assert json.loads(reproducer.read_text())["model"] == "gpt2"
+    (test,) = (tmp_path / "a" / "repro").glob("test_regression_*.py")
+    assert "'model': 'gpt2'" in test.read_text()
+    capsys.readouterr()
+    assert main(["replay", str(reproducer), "--json"]) == 1
+    assert '"position-ids"' in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------------------
@@ -154,12 +180,13 @@ def test_gate_runs_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     unless --xfails lists its failure (model `transparent`)."""
     junit, out = tmp_path / "junit.xml", tmp_path / "out"
     argv = ["gate", "--engine", FREE_LIST, "--engine", EQSPEC_ENGINE, "--examples", "8", "--quiet"]
+    argv += ["--models", "transparent"]
     assert main([*argv, "--junit", str(junit), "--out", str(out)]) == 1
     assert "gate FAILED" in capsys.readouterr().out
     cases = ET.parse(junit).getroot().findall(".//testcase")
     assert [(c.get("classname"), c.get("name")) for c in cases] == [
-        (f"specaudit.{FREE_LIST}", "engine-machine"),
-        (f"specaudit.{EQSPEC_ENGINE}", "engine-machine"),
+        (f"specaudit.{FREE_LIST}", "engine-machine[transparent]"),
+        (f"specaudit.{EQSPEC_ENGINE}", "engine-machine[transparent]"),
     ]
     failure = cases[0].find("failure")
     assert failure is not None and failure.get("type") == "contract", ET.tostring(cases[0])
@@ -178,7 +205,9 @@ def test_suite_runs_the_engine_property_only(tmp_path: Path) -> None:
     """`specaudit suite --engine X` runs the shipped engine property on X (not the batch properties)."""
     env = dict(os.environ, CI="")
     command = [sys.executable, "-m", "specaudit", "suite", "--engine", FREE_LIST, "-q", "-p", "no:randomly"]
+    command += ["--models", "transparent,gpt2"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "test_engines.py::test_engine_matches_oracle_at_every_step" in done.stdout, done.stdout[-2000:]
-    assert "test_conformance" not in done.stdout and "1 failed" in done.stdout, done.stdout[-2000:]
+    assert "test_conformance" not in done.stdout and "2 failed" in done.stdout, done.stdout[-2000:]
+    assert "FreeListOffByOne-gpt2]" in done.stdout, "--models reaches the engine property"

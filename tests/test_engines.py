@@ -21,6 +21,7 @@ from specaudit.engine_machine import (
     machine_for,
     machine_settings,
     replay,
+    run_machine,
 )
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
 from specaudit.reference.engines import EqSpecEngine
@@ -30,6 +31,7 @@ from specaudit.strategies import pattern_from_rounds
 CORRECT_ENGINES = (
     "specaudit.reference.engines:EqSpecEngine",
     "specaudit.reference.engines:ExSpecEngine",
+    "specaudit.reference.engines:LazySpecEngine",
     "tests.engines.recompute:RecomputeEngine",
     "tests.engines.split_verify:SplitVerifyEngine",  # verifies each round in two forwards
 )
@@ -74,6 +76,55 @@ def test_planted_engine_bug_is_caught(name: str) -> None:
 def test_correct_engine_passes(spec: str) -> None:
     failure = kill(spec)
     assert failure is None, f"{spec} is correct but failed:\n{failure}"
+
+
+# ---------------------------------------------------------------------------------------
+# Tiny real models: I2 reads the past as K/V against each request's batch-size-1 run
+
+
+@pytest.mark.parametrize("name", sorted(ENGINE_CATALOG))
+def test_planted_engine_bug_is_caught_on_a_tiny_real_model(name: str, one_thread: None) -> None:
+    """Negative controls for the K/V reading: every planted engine bug is caught on tiny Llama
+    (RoPE, GQA, HF's cache), unshrunk, by its catalog's first check, and its reproducer (which
+    names the model) replays the same failure."""
+    bug = ENGINE_CATALOG[name].bug
+    run = run_machine(
+        f"specaudit.reference.engine_mutants:{name}", KILL_EXAMPLES, KILL_STEPS, model="llama", shrink=False
+    )
+    assert run.failure is not None, f"{name}: not caught on llama within {KILL_EXAMPLES} runs"
+    first = run.failure.violations[0]
+    assert first.check == bug.first_check, (
+        f"{name} on llama: first broken check {first.check}, not {bug.first_check}\n{run.failure}"
+    )
+    reproducer = json.loads(json.dumps(run.failure.reproducer))
+    assert reproducer["model"] == "llama", reproducer
+    replayed = replay(reproducer)
+    assert replayed and (replayed[0].check, replayed[0].rule) == (first.check, first.rule), f"{name}: {replayed[:1]}"
+
+
+@pytest.mark.parametrize("model", ["llama", "gpt2"])
+@pytest.mark.parametrize("spec", CORRECT_ENGINES)
+def test_correct_engine_passes_on_a_tiny_real_model(spec: str, model: str, one_thread: None) -> None:
+    run = run_machine(spec, 10, KILL_STEPS, model=model)
+    assert run.passed, f"{spec} is correct but failed on {model}:\n{run.failure}"
+
+
+def test_a_real_model_slot_is_judged_by_its_kv(one_thread: None) -> None:
+    """A retired row on a tiny real model is named by K/V: the row's slot holds the aborted
+    request's entry within tolerance, and the violation says so (positive and negative in one)."""
+    ops = [
+        {"op": "add", "id": 0, "prompt": [5, 6], "max_new_tokens": 4, "accept": "0000000"},
+        {"op": "add", "id": 1, "prompt": [7], "max_new_tokens": 4, "accept": "0000000"},
+        {"op": "step"},
+        {"op": "abort", "id": 0},
+        {"op": "step"},
+    ]
+    base = {"num_draft_tokens": 1, "eos_token_id": None, "pad_token_id": 0, "model": "llama"}
+    assert replay({**base, "engine": CORRECT_ENGINES[0], "ops": ops}) == []
+    found = replay({**base, "engine": "specaudit.reference.engine_mutants:AbortLeavesRowAttended", "ops": ops})
+    assert found and (found[0].check, found[0].rule) == ("I2", "retired-row"), found
+    assert "holding request 0's entry at position 0" in found[0].found, found[0].found
+    assert found[0].evidence["kv_distance"] is not None and found[0].evidence["kv_distance"] < 1e-9, found[0].evidence
 
 
 def test_replay_reads_a_reproducer_file(tmp_path: Any) -> None:

@@ -443,17 +443,22 @@ class RowFollower:
         """[R] was the draft called since each request's last call (since the start if unseen)?"""
         return torch.tensor([self.draft_between(-1 if s.order is None else s.order, call.order) for s in self.state])
 
+    def fits(self, obs: Observation) -> torch.Tensor:
+        """[B, R] whether request r's history can fill row b's past: always on an exact model;
+        a real model's past is unread, so a request shorter than the row's past cannot hold it."""
+        if self.exact:
+            return torch.ones(obs.past.shape[0], len(self.state), dtype=torch.bool)
+        return obs.past[:, None] <= self.lengths[None, :]
+
     def scores(self, call: CallRecord, obs: Observation, cp: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
         """[B, R] preference of binding row b to request r (see the module docstring)."""
         m, length = obs.past[:, None], obs.length[:, None]  # [B, 1]
         lengths = self.lengths[None, :]  # [1, R]
         known = torch.tensor([s.known for s in self.state])[None, :]
         first = torch.minimum(m + (length > m).long(), lengths)  # past plus the first input
-        fresh = cp >= first
-        own_past = cp >= torch.minimum(m, lengths)
-        if not self.exact:  # a real model's past is unread: a request shorter than the row's past cannot hold it
-            fits = m <= lengths
-            fresh, own_past = fresh & fits, own_past & fits
+        fits = self.fits(obs)
+        fresh = (cp >= first) & fits
+        own_past = (cp >= torch.minimum(m, lengths)) & fits
         own_past = own_past | chunk  # a chunk's past is its round's earlier entries
         running = known < lengths
         # entries past the committed ones are drafts: at most K, and only after a draft call
