@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from specaudit.case import Case
+from specaudit.determinism import without_local_constants
 from specaudit.runner import _continuation, evict_models
 from specaudit.search import search
 from specaudit.strategies import (
@@ -43,7 +44,7 @@ def draw_labels(model: str, budget: int, check: Callable[[Case], None] = lambda 
     def draw(data: st.DataObject) -> None:
         check(data.draw(cases(model), label="case"))
 
-    with collected_labels() as seen:
+    with collected_labels() as seen, without_local_constants():  # the same draws whatever the worker imported
         draw()
     return seen
 
