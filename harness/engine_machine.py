@@ -173,9 +173,13 @@ class EngineKV:
         self.pads: dict[int, torch.Tensor] = {}  # m -> [m, F] entries of m pad tokens (idle rows)
         self._call: tuple[int, torch.Tensor] | None = None
 
-    def track(self, request: int, sequence: tuple[int, ...]) -> None:
+    def reference(self, tokens: tuple[int, ...]) -> torch.Tensor:
+        """[n, F] the batch-size-1 entries of `tokens` at positions 0..n-1."""
         with torch.no_grad():
-            self.refs[request] = kv_rows(reference_kv(self.reference_model, sequence)).to(self.work)
+            return kv_rows(reference_kv(self.reference_model, tokens)).to(self.work)
+
+    def track(self, request: int, sequence: tuple[int, ...]) -> None:
+        self.refs[request] = self.reference(sequence)
 
     def flat(self, call: CallRecord) -> torch.Tensor:
         """[B, S, F] the call's cache after it (kept for the call's other rows)."""
@@ -212,8 +216,7 @@ class EngineKV:
     def holds_pads(self, call: CallRecord, row: int, slots: list[int], pad: int) -> bool:
         """Whether `slots` of `row` hold the pad token's entries at positions 0, 1, ... (an idle row)."""
         if len(slots) not in self.pads:
-            with torch.no_grad():
-                self.pads[len(slots)] = kv_rows(reference_kv(self.reference_model, (pad,) * len(slots))).to(self.work)
+            self.pads[len(slots)] = self.reference((pad,) * len(slots))
         found = self.entries(call, row, slots)
         return found is not None and bool(self.same(found, self.pads[len(slots)]).all())
 

@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from specaudit.compat import cache_from_tensors, cache_layers, call_model
-from tests.engines.ledger import Ledger, Req, device_of, greedy_accept
+from tests.engines.ledger import Ledger, LedgerEngine, Req, device_of, greedy_accept
 
 CHUNK = 2
 
@@ -79,7 +79,7 @@ def doubled(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, torch.zeros_like(x)], 2)
 
 
-class ChunkedRoundRobinEngine:
+class ChunkedRoundRobinEngine(LedgerEngine):
     name = "chunked round-robin engine"
     max_wait_steps = 2
 
@@ -102,12 +102,6 @@ class ChunkedRoundRobinEngine:
         self.pools = {"target": Pool(window), "draft": Pool(window)}
         self.steps = 0
         self.admissions = 0
-
-    def add_request(self, request_id: int, prompt_ids: list[int], max_new_tokens: int) -> None:
-        self.ledger.add(request_id, prompt_ids, max_new_tokens)
-
-    def has_unfinished(self) -> bool:
-        return self.ledger.unfinished()
 
     def abort(self, request_id: int) -> None:
         self.ledger.drop(request_id)

@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from specaudit.compat import cache_from_tensors, cache_layers, call_model
-from tests.engines.ledger import Ledger, Req, device_of, greedy_accept
+from tests.engines.ledger import Ledger, LedgerEngine, Req, device_of, greedy_accept
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [H, L, D]
 
@@ -43,7 +43,7 @@ def stack_left_padded(stores: list[KV | None], width: int) -> KV:
     return layers
 
 
-class FusedAdmissionEngine:
+class FusedAdmissionEngine(LedgerEngine):
     name = "fused-admission engine"
     max_wait_steps = 0  # a request is admitted at its first step and advances every step
 
@@ -54,12 +54,6 @@ class FusedAdmissionEngine:
         self.k, self.pad = num_draft_tokens, pad_token_id
         self.ledger = Ledger(eos_token_id)
         self.kv: dict[str, dict[int, KV]] = {"target": {}, "draft": {}}
-
-    def add_request(self, request_id: int, prompt_ids: list[int], max_new_tokens: int) -> None:
-        self.ledger.add(request_id, prompt_ids, max_new_tokens)
-
-    def has_unfinished(self) -> bool:
-        return self.ledger.unfinished()
 
     def abort(self, request_id: int) -> None:
         self.ledger.drop(request_id)

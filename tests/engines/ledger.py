@@ -78,3 +78,15 @@ def greedy_accept(drafts: list[int], predicted: list[int]) -> list[int]:
 
 def device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+class LedgerEngine:
+    """The contract's request-side methods, answered by the engine's `ledger`."""
+
+    ledger: Ledger
+
+    def add_request(self, request_id: int, prompt_ids: list[int], max_new_tokens: int) -> None:
+        self.ledger.add(request_id, prompt_ids, max_new_tokens)
+
+    def has_unfinished(self) -> bool:
+        return self.ledger.unfinished()

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from specaudit.compat import cache_from_tensors, cache_layers, call_model
-from tests.engines.ledger import Ledger, Req, device_of, greedy_accept
+from tests.engines.ledger import Ledger, LedgerEngine, Req, device_of, greedy_accept
 
 
 class BlockPool:
@@ -96,7 +96,7 @@ class BlockPool:
         return self.free.pop(0)
 
 
-class PagedEngine:
+class PagedEngine(LedgerEngine):
     name = "paged engine"
     max_wait_steps = 0  # every request is prefilled at its first step and advances every step after
 
@@ -114,12 +114,6 @@ class PagedEngine:
         self.k, self.pad = num_draft_tokens, pad_token_id
         self.ledger = Ledger(eos_token_id)
         self.pools = {"target": BlockPool(block_size), "draft": BlockPool(block_size)}
-
-    def add_request(self, request_id: int, prompt_ids: list[int], max_new_tokens: int) -> None:
-        self.ledger.add(request_id, prompt_ids, max_new_tokens)
-
-    def has_unfinished(self) -> bool:
-        return self.ledger.unfinished()
 
     def abort(self, request_id: int) -> None:
         if self.ledger.drop(request_id):

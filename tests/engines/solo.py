@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from specaudit.compat import cache_from_tensors, call_model, filled_layers
-from tests.engines.ledger import Ledger, Req, device_of, greedy_accept
+from tests.engines.ledger import Ledger, LedgerEngine, Req, device_of, greedy_accept
 
 
 def cut(cache: Any, length: int) -> Any:
@@ -24,7 +24,7 @@ def cut(cache: Any, length: int) -> Any:
     return cache_from_tensors([(k[:, :, :length].clone(), v[:, :, :length].clone()) for k, v in filled_layers(cache)])
 
 
-class SoloEngine:
+class SoloEngine(LedgerEngine):
     name = "solo engine"
     max_wait_steps = 0  # every request advances every step
 
@@ -36,12 +36,6 @@ class SoloEngine:
         self.ledger = Ledger(eos_token_id)
         self.caches: dict[int, dict[str, Any]] = {}  # request id -> {"target": cache, "draft": cache}
         self.lengths: dict[int, dict[str, int]] = {}
-
-    def add_request(self, request_id: int, prompt_ids: list[int], max_new_tokens: int) -> None:
-        self.ledger.add(request_id, prompt_ids, max_new_tokens)
-
-    def has_unfinished(self) -> bool:
-        return self.ledger.unfinished()
 
     def abort(self, request_id: int) -> None:
         self.ledger.drop(request_id)

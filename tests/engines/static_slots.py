@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from specaudit.compat import cache_from_tensors, cache_layers, call_model
-from tests.engines.ledger import Ledger, Req, device_of, greedy_accept
+from tests.engines.ledger import Ledger, LedgerEngine, Req, device_of, greedy_accept
 
 
 class SlotBuffer:
@@ -63,7 +63,7 @@ def widened(x: torch.Tensor, extra: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(*x.shape[:2], extra, x.shape[3])], 2)
 
 
-class FixedSlotEngine:
+class FixedSlotEngine(LedgerEngine):
     name = "fixed-slot engine"
     idle_attends_pad = False
     max_wait_steps = 0  # with a free slot a request is prefilled at once; every slot advances every step
@@ -84,12 +84,6 @@ class FixedSlotEngine:
         self.ledger = Ledger(eos_token_id)
         self.slots: list[Req | None] = [None] * max_batch_size
         self.buffers = {"target": SlotBuffer(max_batch_size), "draft": SlotBuffer(max_batch_size)}
-
-    def add_request(self, request_id: int, prompt_ids: list[int], max_new_tokens: int) -> None:
-        self.ledger.add(request_id, prompt_ids, max_new_tokens)
-
-    def has_unfinished(self) -> bool:
-        return self.ledger.unfinished()
 
     def abort(self, request_id: int) -> None:
         self.ledger.drop(request_id)
