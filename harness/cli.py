@@ -50,6 +50,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.target is not None:
         if args.engine:
             raise UsageError("--engine has no real-model mode (engines run on the built-in models of --models)")
+        built_in = [flag for flag, value in (("--xfails", args.xfails), ("--jobs", args.jobs)) if value is not None]
+        if built_in:
+            raise UsageError(f"{', '.join(built_in)}: built-in models only, not with --target (real-model mode)")
         real = real_audit_settings(args)
         from specaudit.realaudit import run_real_audit
 
@@ -65,6 +68,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         out=args.out,
         engines=tuple(args.engine),
+        xfails=load_xfails(args.xfails) if args.xfails is not None else KnownFailures(),
+        jobs=args.jobs,
     )
     from specaudit.audit import run_audit
 
@@ -217,6 +222,17 @@ def add_search_options(parser: argparse.ArgumentParser, decoder_default: str) ->
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
+def add_xfails_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--xfails",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="known failures, one `decoder model check rule` per line ('*' matches any): reported, not fatal; "
+        "entries that match nothing are listed at the end",
+    )
+
+
 def add_audit(sub: argparse._SubParsersAction) -> None:
     audit = sub.add_parser(
         "audit",
@@ -225,6 +241,15 @@ def add_audit(sub: argparse._SubParsersAction) -> None:
     )
     add_search_options(audit, "default: the reference decoders and the planted bugs")
     audit.add_argument("--out", type=Path, default=None, metavar="DIR", help="write DIR/report.json and DIR/repro/")
+    add_xfails_option(audit)
+    audit.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes for the decoder x model and engine audits (default: $SPECAUDIT_JOBS, else one per "
+        "core); the results and their order do not depend on N",
+    )
     real = audit.add_argument_group("real-model mode (when --target is given; defaults from specaudit.settings)")
     real.add_argument(
         "--target", metavar="DIR", help="target model directory (Hugging Face format, local), or the built-in smollm2"
@@ -312,13 +337,7 @@ def add_gate(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help=f"reproducers of failures (default: {DEFAULT_GATE_OUT})",
     )
-    parser.add_argument(
-        "--xfails",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="known failures, one `decoder model check rule` per line ('*' matches any): reported, not fatal",
-    )
+    add_xfails_option(parser)
     parser.add_argument(
         "--min-exact-match",
         type=float,

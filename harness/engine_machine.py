@@ -112,6 +112,10 @@ class EngineFailure(AssertionError):
             f"reproducer (specaudit.engine_machine.replay):\n{json.dumps(reproducer)}"
         )
 
+    def __reduce__(self) -> tuple[type[EngineFailure], tuple[list[Violation], dict[str, Any]]]:
+        """Pickled by its arguments: `specaudit audit` sends verdicts back from worker processes."""
+        return EngineFailure, (self.violations, self.reproducer)
+
     @property
     def first_check(self) -> str:
         return self.violations[0].check

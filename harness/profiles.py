@@ -1,7 +1,9 @@
 """specaudit's own Hypothesis profiles, prefixed so no user profile is overridden.
 
 `specaudit-dev` (fast), `specaudit-ci` (derandomized, Hypothesis's own ci settings kept) and
-`specaudit-thorough`. Registered and loaded by the conformance suite's conftest only.
+`specaudit-thorough`. Registered and loaded by the conformance suite's conftest only, which also
+gives each decoder x model parametrization its own seed under `specaudit-ci` (derandomize alone
+would draw the same cases for all of them).
 """
 
 from __future__ import annotations

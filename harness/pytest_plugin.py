@@ -2,7 +2,9 @@
 
 It only adds `--specaudit-*` options and the `specaudit` marker. Everything else acts on
 tests marked `specaudit` or asking for the `specaudit_decoder` fixture: parametrizing them by
-decoder and model, and writing a failing property's shrunk case to disk. Hypothesis profiles,
+decoder and model, writing a failing property's shrunk case to disk, and listing the
+--specaudit-xfails entries no failure matched (under pytest-xdist each worker sends the
+entries it saw matching back to the controller, which lists them). Hypothesis profiles,
 the unprefixed `--decoder`/`--models` and torch's thread setting belong to the conformance
 suite's own conftest (`properties/conftest.py`). No torch is imported here.
 """
@@ -48,6 +50,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 KNOWN_FAILURES = pytest.StashKey[object]()
+USED_ENTRIES = "specaudit_xfails_used"
+"""The key in an xdist worker's `workeroutput`: indices of the known-failure entries that matched."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -143,6 +147,34 @@ def known_failure(item: pytest.Item, failure: dict) -> str | None:
     if known is None or not evidence:
         return None
     pairs = sorted({(v["check"], v["rule"]) for v in evidence})
-    if all(known.matches(decoder, model, check, rule) for check, rule in pairs):  # type: ignore[attr-defined]
-        return ", ".join(f"{check} {rule}" for check, rule in pairs)
-    return None
+    listed = [known.matches(decoder, model, check, rule) for check, rule in pairs]  # type: ignore[attr-defined]
+    return ", ".join(f"{check} {rule}" for check, rule in pairs) if all(listed) else None
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On an xdist worker: hand the entries that matched to the controller."""
+    known = session.config.stash.get(KNOWN_FAILURES, None)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if known is not None and workeroutput is not None:
+        workeroutput[USED_ENTRIES] = sorted(known.used)  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """On the xdist controller: fold in what a finished worker saw matching."""
+    known = node.config.stash.get(KNOWN_FAILURES, None)  # type: ignore[attr-defined]
+    used = getattr(node, "workeroutput", {}).get(USED_ENTRIES)
+    if known is not None and used is not None:
+        known.mark_used(used)  # type: ignore[attr-defined]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The --specaudit-xfails entries that matched no failure (not an error: the exit status stays)."""
+    known = config.stash.get(KNOWN_FAILURES, None)
+    if known is None or hasattr(config, "workerinput"):
+        return
+    lines = known.unused_lines()  # type: ignore[attr-defined]
+    if lines:
+        terminalreporter.section("specaudit: known failures that matched nothing", sep="-")
+        for line in lines:
+            terminalreporter.write_line(line)

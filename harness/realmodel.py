@@ -37,14 +37,13 @@ from specaudit.calibration import NoiseFloor
 from specaudit.case import Case
 from specaudit.checks import check_i1, check_i2
 from specaudit.compat import cache_keyword
-from specaudit.contract import ContractError, call_decoder, instantiate, load_decoder
+from specaudit.contract import Watchdog, load_decoder
 from specaudit.diagnosis import Diagnosis, diagnose
 from specaudit.fixtures.pairs import DTYPES
 from specaudit.fixtures.transparent import RequestScript
-from specaudit.instrument import instrument
 from specaudit.loading import RealModelError, special_ids, tokenize
 from specaudit.reference.oracle import OracleResult, greedy_oracle
-from specaudit.runner import Run
+from specaudit.runner import Run, guarded_call
 from specaudit.settings import DEFAULT_CHECK_RATE
 
 # ---------------------------------------------------------------------------------------
@@ -244,39 +243,16 @@ def oracle_for(
     return out, spent
 
 
-def _call(decoder: Any, target: Any, draft: Any, case: Case, device: torch.device, timeout_s: float) -> list[list[int]]:
-    input_ids, attention_mask = case.batch()  # [B, T] each
-    return call_decoder(
-        decoder,
-        target,
-        draft,
-        input_ids.to(device),
-        attention_mask.to(device),
-        num_draft_tokens=case.num_draft_tokens,
-        max_new_tokens=case.max_new_tokens,
-        eos_token_id=case.eos_token_id,
-        pad_token_id=case.pad_token_id,
-        timeout_s=timeout_s,
-    )
-
-
 def timed_call(
     decoder_spec: str, factory: Any, target: Any, draft: Any, case: Case, timeout_s: float
 ) -> tuple[list[list[int]] | None, Any, float, Any]:
-    """A fresh decoder on `case`, timed with the device synchronized: (outputs or None, the
+    """A fresh decoder on `case` on the un-instrumented models, timed with the device
+    synchronized, under the same contract guard as every run: (outputs or None, the
     ContractError or None, seconds, the decoder)."""
-    device = model_device(target)
-    decoder = instantiate(factory, decoder_spec)
-    outputs, error = None, None
-    _sync(device)
-    start = time.perf_counter()
-    try:
-        with torch.no_grad():
-            outputs = _call(decoder, target, draft, case, device, timeout_s)
-    except ContractError as exc:
-        error = exc
-    _sync(device)
-    return outputs, error, time.perf_counter() - start, decoder
+    guard = guarded_call(
+        (decoder_spec, factory), factory, target, draft, case, Watchdog(timeout_s), False, device=model_device(target)
+    )
+    return guard.outputs, guard.error, guard.seconds, guard.decoder
 
 
 def run_batch(
@@ -304,21 +280,29 @@ def run_batch(
     baseline_seconds, baseline_outputs = math.nan, None
     if baseline:  # a contract breach here is reported by the instrumented run below
         baseline_outputs, _, baseline_seconds, _ = timed_call(decoder_spec, factory, target, draft, case, timeout_s)
-    with instrument(target, draft, sample) as recording:
-        outputs, error, seconds, decoder = timed_call(decoder_spec, factory, target, draft, case, timeout_s)
+    guard = guarded_call(
+        (decoder_spec, factory),
+        factory,
+        target,
+        draft,
+        case,
+        Watchdog(timeout_s),
+        sample=sample,
+        device=model_device(target),
+    )
     scripts = [RequestScript(p, o.tokens, ()) for p, o in zip(case.prompts, oracle)]
 
     run = RealRun(
         case=case,
         decoder=decoder_spec,
-        outputs=outputs,
-        error=error,
+        outputs=guard.outputs,
+        error=guard.error,
         oracle=list(oracle),
         scripts=scripts,
-        recording=recording,
+        recording=guard.recording,
         target=judge,
-        seconds=seconds,
-        instance=decoder,
+        seconds=guard.seconds,
+        instance=guard.decoder,
         batch=batch,
         sample_rate=sample_rate,
         baseline_seconds=baseline_seconds,

@@ -6,8 +6,9 @@ import functools
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from specaudit.case import Case
 from specaudit.contract import (
     ContractError,
     ModelState,
+    Watchdog,
     call_decoder,
     global_hook_changes,
     global_hooks,
@@ -25,10 +27,11 @@ from specaudit.contract import (
     model_changes,
     model_state,
     remove_new_hooks,
+    still_running,
 )
-from specaudit.fixtures.pairs import draft_model, is_exact, target_model
+from specaudit.fixtures.pairs import draft_model, target_model
 from specaudit.fixtures.transparent import RequestScript
-from specaudit.instrument import Recording, breach, instrument
+from specaudit.instrument import Recording, breach, every_call, instrument
 from specaudit.reference.oracle import OracleResult, greedy_oracle, truncate
 
 
@@ -72,14 +75,18 @@ def oracle_continuation(model: str, dtype: str, prompt: tuple[int, ...], horizon
 
     Computed in blocks of 16 tokens so shrinking K or max_new_tokens reuses it.
     """
-    full = _continuation(model, dtype, prompt, -(-horizon // 16) * 16)
+    full, _ = _continuation(model, dtype, prompt, -(-horizon // 16) * 16)
     return OracleResult(full.tokens[:horizon], full.stop, full.margins[:horizon])
 
 
 @functools.lru_cache(maxsize=4096)
-def _continuation(model: str, dtype: str, prompt: tuple[int, ...], horizon: int) -> OracleResult:
+def _continuation(model: str, dtype: str, prompt: tuple[int, ...], horizon: int) -> tuple[OracleResult, float]:
+    """The continuation and the seconds its batch-size-1 greedy decoding took on this machine."""
+    target = target_model(model, dtype)
+    start = time.perf_counter()
     with torch.no_grad():
-        return greedy_oracle(target_model(model, dtype), prompt, max_new_tokens=horizon, eos_token_id=None)
+        result = greedy_oracle(target, prompt, max_new_tokens=horizon, eos_token_id=None)
+    return result, time.perf_counter() - start
 
 
 def oracle_outputs(case: Case) -> tuple[list[OracleResult], list[RequestScript]]:
@@ -92,26 +99,44 @@ def oracle_outputs(case: Case) -> tuple[list[OracleResult], list[RequestScript]]
     return oracle, scripts
 
 
-TIMEOUT_BASE_S = 20.0
-TIMEOUT_PER_TOKEN_S = {"exact": 0.01, "real": 0.25}
-"""Default time limit of one decoder run: TIMEOUT_BASE_S plus, per row and position
-(rows x (prompt width + max_new_tokens)), 0.01 s on the transparent models and 0.25 s on the
-tiny real ones. That is 20 s for one short row, about 35 s for the largest generated
-transparent case (16 rows x 91) and 62 s for the largest tiny real-model case (6 rows x 28),
-against well under a second for the reference decoders on a quiet CPU and a few seconds on a
-2-core machine loaded 4x over; only a hang or a row that never finishes reaches it."""
+# ---------------------------------------------------------------------------------------
+# When a decoder run is a hang
+#
+# A limit in seconds that does not know the machine is a false alarm on a loaded runner, and a
+# slow decoder (one without a cache, re-running whole rows every round) is not a hung one. So
+# the watchdog (`specaudit.contract.Watchdog`) judges progress: a run is a hang when no forward
+# of the target or draft completes for the idle limit
+#
+#     idle = max(IDLE_FLOOR_S, IDLE_MULTIPLE x t_ref)
+#
+# where t_ref is the measured wall time of the reference run of the same case on this machine
+# (the batch-size-1 greedy oracle of its prompts, which every run computes first), or when it
+# makes more target forwards than any decoder can need for the case,
+#
+#     max_forwards = B x (max_new_tokens + 2) x (K + 1)
+#
+# (every row alone, one token per round, each round verified one token per forward, plus a
+# prefill): rows that never finish. A hang is therefore reported within `idle` of the last
+# forward. An un-instrumented run (no progress to read) is bounded by `idle` as a whole.
+
+IDLE_FLOOR_S = 20.0
+IDLE_MULTIPLE = 10.0
 
 
-def default_timeout(case: Case) -> float:
-    """The time limit for `case` when the caller gives none (see TIMEOUT_PER_TOKEN_S)."""
-    width = max(map(len, case.prompts)) + case.extra_pad_columns
-    rate = TIMEOUT_PER_TOKEN_S["exact" if is_exact(case.model) else "real"]
-    return TIMEOUT_BASE_S + rate * case.batch_size * (width + case.max_new_tokens)
+def reference_seconds(case: Case) -> float:
+    """t_ref: the oracle's measured batch-size-1 decoding time for the case's prompts."""
+    horizon = -(-case.horizon // 16) * 16
+    return sum(_continuation(case.model, case.dtype, prompt, horizon)[1] for prompt in set(case.prompts))
 
 
-_HUNG: dict[tuple[str, Any], ContractError] = {}
-"""Decoders that hung in this process, by (spec, factory): later runs fail at once with the
-same violation, so Hypothesis's shrinking does not wait out the time limit again per step."""
+def idle_limit(case: Case) -> float:
+    """The watchdog's idle limit for `case` (see the section comment)."""
+    return max(IDLE_FLOOR_S, IDLE_MULTIPLE * reference_seconds(case))
+
+
+def max_forwards(case: Case) -> int:
+    """More target forwards than this cannot come from a decoder whose rows finish."""
+    return case.batch_size * (case.max_new_tokens + 2) * (case.num_draft_tokens + 1)
 
 
 def run_case(
@@ -124,60 +149,123 @@ def run_case(
 ) -> Run:
     """Run `decoder_spec` (or an already loaded `factory`) on `case` and record everything.
 
-    `timeout_s=None` is `default_timeout(case)`. `instrumented=False` runs without hooks and
-    side-effect checks (an empty recording): the baseline for measuring the instrumentation's
+    `timeout_s` overrides the watchdog's idle limit (`idle_limit(case)`). `instrumented=False`
+    runs without hooks (an empty recording): the baseline for measuring the instrumentation's
     own overhead. A contract break (the decoder's own, an input the checks cannot judge, an
     unobserved target forward, a changed model) leaves `outputs` None and `error` set.
     """
     factory = factory or load_decoder(decoder_spec)
-    hung = _HUNG.get((decoder_spec, factory))
-    if hung is not None:  # fail at once: waiting out the limit again at every shrink step hangs the suite
-        target = target_model(case.model, case.dtype)
-        return Run(case, decoder_spec, None, hung, [], [], Recording(), target, 0.0, factory=factory)
-    decoder = instantiate(factory, decoder_spec)
     oracle, scripts = oracle_outputs(case)
     target = target_model(case.model, case.dtype)
     draft = draft_model(case.model, case.draft, scripts, case.dtype)
-    input_ids, attention_mask = case.batch()
-    limit = default_timeout(case) if timeout_s is None else timeout_s
+    limit = idle_limit(case) if timeout_s is None else timeout_s
+    guard = guarded_call(
+        (decoder_spec, factory),
+        factory,
+        target,
+        draft,
+        case,
+        Watchdog(limit, max_forwards=max_forwards(case)),
+        instrumented,
+    )
+    return Run(
+        case,
+        decoder_spec,
+        guard.outputs,
+        guard.error,
+        oracle,
+        scripts,
+        guard.recording,
+        target,
+        guard.seconds,
+        guard.decoder,
+        factory,
+    )
+
+
+@dataclass
+class Guarded:
+    """One decoder call under the whole contract: what it returned or the rule it broke."""
+
+    outputs: list[list[int]] | None
+    error: ContractError | None
+    recording: Recording
+    seconds: float
+    decoder: Any
+
+
+def guarded_call(
+    owner: Any,
+    factory: Any,
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    case: Case,
+    watchdog: Watchdog,
+    instrumented: bool = True,
+    sample: Callable[[int], bool] | None = None,
+    device: torch.device | None = None,
+) -> Guarded:
+    """A fresh decoder from `factory` on `case` under every contract rule, for every subject that
+    runs a decoder (built-in and real models alike): the decoder's own rules and the watchdog,
+    then, whether it failed or not, the side-effect guard (hooks left behind are removed, a
+    changed built-in model is rebuilt) and, when instrumented, the observation rules
+    ('unobserved-forward', 'unsupported-input'). `owner` names the decoder for `still_running`;
+    `device` is synchronized around the timed call."""
+    busy = still_running(owner)
+    if busy is not None:
+        error = ContractError(
+            "generate-returns",
+            f"no run: this decoder is still running since it timed out on {busy} (its thread has not returned)",
+            evidence={"still_running": True},
+        )
+        return Guarded(None, error, Recording(), 0.0, None)
+    decoder = instantiate(factory, str(owner[0] if isinstance(owner, tuple) else owner))
+    input_ids, attention_mask = case.batch()  # [B, T] each
+    if device is not None:
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    watched_models = watch_models(target, draft)
     outputs, error = None, None
-    watched = watch_models(target, draft) if instrumented else None
-    start = time.perf_counter()
-    with instrument(target, draft) if instrumented else nullcontext(Recording()) as recording:
+    with instrument(target, draft, sample or every_call) if instrumented else nullcontext(Recording()) as recording:
+        if instrumented:
+            watchdog = replace(watchdog, progress=lambda: progress(recording), owner=owner, what=repr(case))
+        else:
+            watchdog = replace(watchdog, owner=owner, what=repr(case))
+        synchronize(device)
+        start = time.perf_counter()
         try:
-            outputs = call_decoder(
-                decoder,
-                target,
-                draft,
-                input_ids,
-                attention_mask,
-                num_draft_tokens=case.num_draft_tokens,
-                max_new_tokens=case.max_new_tokens,
-                eos_token_id=case.eos_token_id,
-                pad_token_id=case.pad_token_id,
-                timeout_s=limit,
-            )
+            with torch.no_grad():
+                outputs = call_decoder(
+                    decoder,
+                    target,
+                    draft,
+                    input_ids,
+                    attention_mask,
+                    num_draft_tokens=case.num_draft_tokens,
+                    max_new_tokens=case.max_new_tokens,
+                    eos_token_id=case.eos_token_id,
+                    pad_token_id=case.pad_token_id,
+                    watchdog=watchdog,
+                )
         except ContractError as exc:
             error = exc
-    seconds = time.perf_counter() - start
-    if watched is not None:
-        changed = models_breach(watched, target, draft)  # always: it also repairs the models
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    changed = models_breach(watched_models, target, draft)  # always: it also repairs the models
+    if instrumented:
         error = breach(recording) or error or changed
-    if error is not None:
-        outputs = None
-        if "timeout_s" in error.evidence:
-            _HUNG[(decoder_spec, factory)] = hung_before(error, case)
-    return Run(case, decoder_spec, outputs, error, oracle, scripts, recording, target, seconds, decoder, factory)
+    else:
+        error = error or changed
+    return Guarded(None if error is not None else outputs, error, recording, seconds, decoder)
 
 
-def hung_before(error: ContractError, case: Case) -> ContractError:
-    """The violation later runs of a hung decoder report without running it."""
-    return ContractError(
-        "generate-returns",
-        f"{error.found.removesuffix(' (a hang, or a row that never finishes)')} on {case!r} "
-        "(a hang, or a row that never finishes; this decoder is not run again in this process)",
-        evidence=dict(error.evidence, hung_case=case.to_json()),
-    )
+def progress(recording: Recording) -> tuple[int, int]:
+    """(target forwards, all forwards) completed so far: what the watchdog reads."""
+    return recording.forwards, len(recording.target_calls) + len(recording.draft_calls)
+
+
+def synchronize(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 # ---------------------------------------------------------------------------------------

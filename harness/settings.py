@@ -50,9 +50,13 @@ class AuditSettings:
     quiet: bool = False
     out: Path | None = None
     engines: tuple[str, ...] = ()  # engines named with --engine (the engine state machine)
+    xfails: KnownFailures = field(default_factory=KnownFailures)
+    jobs: int | None = None  # worker processes; None: one per available core
 
     def __post_init__(self) -> None:
         at_least("--examples", self.examples, 1)
+        if self.jobs is not None:
+            at_least("--jobs", self.jobs, 1)
 
 
 @dataclass(frozen=True)

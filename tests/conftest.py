@@ -1,5 +1,5 @@
 """Shared fixtures of the harness's own tests: they never write to the user's model cache
-(~/.cache/specaudit), and a module may run torch on one thread."""
+(~/.cache/specaudit), the audit runs in process, and a module may run torch on one thread."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ import torch
 def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Calibrations and built models of a test go to a per-session temporary cache."""
     monkeypatch.setenv("SPECAUDIT_CACHE", str(tmp_path_factory.getbasetemp() / "specaudit-cache"))
+
+
+@pytest.fixture(autouse=True)
+def serial_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`specaudit audit` in one process (SPECAUDIT_JOBS=1): pytest-xdist's workers already take
+    the cores, and spawning more would only contend. A test of --jobs passes it explicitly."""
+    monkeypatch.setenv("SPECAUDIT_JOBS", "1")
 
 
 @pytest.fixture(scope="module")

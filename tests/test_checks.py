@@ -128,6 +128,19 @@ def test_i1_row_attending_nothing() -> None:
     assert v.row == 1
 
 
+def test_i1_all_pad_row_may_attend_nothing() -> None:
+    """A row whose inputs are all the pad id (a prefill holding a one-token prompt back) may
+    attend nothing; the same row holding one real token may not."""
+    mask = torch.ones(B, P + T, dtype=torch.long)
+    mask[1] = 0
+    ids = torch.full((B, T), 5, dtype=torch.long)
+    ids[1] = 0
+    assert i1_call_violations(call(input_ids=ids, attention_mask=mask), pad_token_id=0) == []
+    ids[1, -1] = 7
+    v = only(i1_call_violations(call(input_ids=ids, attention_mask=mask), pad_token_id=0), "row-attends-nothing")
+    assert v.row == 1
+
+
 def test_i1_mask_values() -> None:
     """A mask holding values other than 0 and 1 is reported."""
     mask = torch.ones(B, P + T, dtype=torch.long)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,11 +13,13 @@ from typing import Any
 import pytest
 import torch
 
+from specaudit import contract
 from specaudit.case import Case
 from specaudit.checks import check_equivalence, check_i2, check_token_preservation
 from specaudit.contract import ContractError, DecoderLoadError, call_decoder, instantiate, load_decoder, validate_output
 from specaudit.reference.eqspec import EqSpec
 from specaudit.runner import run_case
+from tests.decoders.hangs import HangsOnTwoRows
 
 IDS = torch.tensor([[0, 3, 1, 4], [9, 2, 6, 5]])  # [2, 4]
 MASK = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
@@ -121,8 +122,6 @@ def test_continuing_after_eos() -> None:
 
 def test_hang_times_out() -> None:
     """A generate() that does not return within timeout_s breaks 'generate-returns' instead of hanging."""
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("the time limit uses SIGALRM, which only the main thread receives")
 
     def hang(input_ids: torch.Tensor, **kw: Any) -> Any:
         deadline = time.monotonic() + 10.0  # bounded, so a broken time limit fails the test instead of hanging it
@@ -133,7 +132,7 @@ def test_hang_times_out() -> None:
     start = time.monotonic()
     err = breach(Returns(hang), "generate-returns", timeout_s=0.5)
     assert time.monotonic() - start < 5.0
-    assert "did not return within 0.5 s" in err.detail
+    assert "not returning within 0.5 s" in err.detail and "stopped" in err.detail
 
 
 def test_validate_output_is_the_same_rules() -> None:
@@ -379,55 +378,127 @@ def test_changing_the_shared_models_breaks_models_unchanged_and_is_repaired(
     assert all_violations(run_case("specaudit.reference.eqspec:EqSpec", case)) == []
 
 
-class Hangs:
+def test_a_timeout_condemns_only_its_own_case() -> None:
+    """A timeout fails the case that timed out; the next case of the same decoder is run, and passes."""
+    start = time.monotonic()
+    first = run_case("tests:hangs", SMALL, factory=HangsOnTwoRows, timeout_s=0.5)
+    waited = time.monotonic() - start
+    assert first.error is not None and first.error.rule == "generate-returns", first.error
+    assert 0.5 <= waited < 5.0 and "stopped" in first.error.found, (waited, first.error.found)
+    alone = Case(((5,),), ((True,),), 1, 1, None, 0)
+    second = run_case("tests:hangs", alone, factory=HangsOnTwoRows, timeout_s=0.5)
+    assert second.error is None and second.outputs is not None, f"a later case was condemned: {second.error}"
+
+
+def test_a_hangs_reproducer_is_the_case_that_hung(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Searching a decoder that hangs on two rows shrinks to a two-row case (every attempt runs
+    a fresh decoder that can time out again, nothing is condemned in advance), and replaying the
+    reproducer written for it reports 'generate-returns' again."""
+    from specaudit import runner
+    from specaudit.reproducer import failure_record, replay, write_reproducer
+    from specaudit.search import search
+
+    monkeypatch.setattr(runner, "IDLE_FLOOR_S", 0.3)
+    spec = "tests.decoders.hangs:HangsOnTwoRows"
+    result = search(spec, "transparent", max_examples=10, seed=1, shrink_budget=8, minimize_budget=8)
+    assert result.minimal is not None, "the hang was not found"
+    assert result.minimal.batch_size == 2, f"shrunk to {result.minimal!r}: should be the two rows that hang"
+    path = write_reproducer(tmp_path, "hang", failure_record(result.minimal, spec, []))
+    diagnosis = replay(path, spec)
+    assert diagnosis.first is not None and diagnosis.first.rule == "generate-returns", diagnosis.render()
+
+
+class Unstoppable:
+    """Swallows the watchdog's stop for `seconds` (as native code would), then returns."""
+
+    seconds = 2.0
+
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        deadline = time.monotonic() + 10.0  # bounded, so a broken time limit fails the test instead of hanging it
+        deadline = time.monotonic() + self.seconds
         while time.monotonic() < deadline:
-            time.sleep(0.01)
+            try:
+                time.sleep(0.01)
+            except BaseException:  # noqa: B036 -- the point: it will not stop
+                pass
         return [[1], [2]]
 
 
-def test_a_hang_is_waited_for_once_per_decoder() -> None:
-    """After one timeout, later runs of the same decoder fail at once with the same rule, naming the hung case."""
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("the time limit uses SIGALRM, which only the main thread receives")
-    factory = type("HangsOnce", (Hangs,), {})
+def test_a_decoder_still_running_is_reported_until_it_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder that cannot be stopped is still running: the next run of it says so at once
+    instead of running beside it; once its thread returns, it is run again."""
+    monkeypatch.setattr(contract, "STOP_GRACE_S", 0.2)
+    first = run_case("tests:unstoppable", SMALL, factory=Unstoppable, timeout_s=0.3)
+    assert first.error is not None and "still running" in first.error.found, first.error
     start = time.monotonic()
-    first = run_case("tests:hangs", SMALL, factory=factory, timeout_s=0.5)
-    waited = time.monotonic() - start
-    other = Case(((5,),), ((True,),), 1, 1, None, 0)
-    start = time.monotonic()
-    second = run_case("tests:hangs", other, factory=factory, timeout_s=0.5)
-    assert 0.5 <= waited < 5.0 and time.monotonic() - start < 0.25
-    assert first.error is not None and second.error is not None
-    assert first.error.rule == second.error.rule == "generate-returns"
-    assert "did not return within 0.5 s" in second.error.found and repr(SMALL) in second.error.found
-    fresh = run_case("tests:hangs", other, factory=lambda: Returns([[1]]))  # another decoder is still run
-    assert fresh.error is None
+    second = run_case("tests:unstoppable", SMALL, factory=Unstoppable, timeout_s=0.3)
+    assert time.monotonic() - start < 0.25, "a still-running decoder must not be waited for again"
+    assert second.error is not None and second.error.rule == "generate-returns"
+    assert "still running since it timed out on" in second.error.found and repr(SMALL) in second.error.found
+    time.sleep(Unstoppable.seconds)
+    third = run_case("tests:unstoppable", SMALL, factory=lambda: Returns([[1], [2]]), timeout_s=0.3)
+    assert third.error is None or "still running" not in third.error.found, third.error
 
 
-def test_default_timeout_scales_with_the_case_and_stays_bounded() -> None:
-    """Default limit: 20 s plus a per-row-and-position rate; the largest generated cases stay near a minute."""
-    from specaudit.runner import default_timeout
-    from specaudit.strategies import bounds_for
+class SlowEqSpec(EqSpec):
+    """EQSPEC that pauses `pause` seconds before every forward of the target: slow, not hung."""
 
-    small = default_timeout(Case(((1,),), ((True,),), 1, 1, None, 0))
-    assert 20.0 < small < 21.0
-    for model in ("transparent", "llama"):
-        b = bounds_for(model)
-        prompts = tuple((i,) * b.prompt_len for i in range(b.rows))
-        largest = Case(
-            prompts,
-            ((True,),) * b.rows,
-            8,
-            b.max_new_tokens,
-            None,
-            0,
-            b.extra_pad_columns,
-            model,
-            "scripted" if model == "transparent" else "tiny",
-        )
-        assert small < default_timeout(largest) <= 62.0, f"{model}: got {default_timeout(largest):.1f} s"
+    pause = 0.3
+
+    def generate(self, target: Any, draft: Any, *args: Any, **kwargs: Any) -> Any:
+        pause = self.pause
+
+        def slow(module: Any, args: Any, kwargs: Any) -> None:
+            time.sleep(pause)
+
+        hook = target.register_forward_pre_hook(slow, with_kwargs=True)
+        try:
+            return super().generate(target, draft, *args, **kwargs)
+        finally:
+            hook.remove()
+
+
+def test_a_slow_decoder_making_progress_is_not_a_hang() -> None:
+    """The limit is on idleness: a run longer than the idle limit passes while forwards keep
+    completing; the same decoder pausing longer than the limit between forwards is a hang."""
+    slow = run_case("tests:slow", SMALL, factory=SlowEqSpec, timeout_s=0.8)
+    assert slow.error is None and slow.seconds > 0.8, (slow.seconds, slow.error)
+    stalled = type("StalledEqSpec", (SlowEqSpec,), {"pause": 1.5})
+    hung = run_case("tests:stalled", SMALL, factory=stalled, timeout_s=0.8)
+    assert hung.error is not None and "no forward of the models for 0.8 s" in hung.error.found, hung.error
+
+
+class Runaway:
+    """Calls the target over and over without returning (rows that never finish), bounded."""
+
+    def generate(
+        self, target: Any, draft: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw: Any
+    ) -> Any:
+        for _ in range(2000):
+            target(input_ids=input_ids, attention_mask=attention_mask)
+        return [[1]] * input_ids.shape[0]
+
+
+def test_a_decoder_whose_rows_never_finish_is_stopped() -> None:
+    """More target forwards than the case can need is 'generate-returns', long before the idle limit."""
+    from specaudit.runner import max_forwards
+
+    case = Case(((5,),), ((True,),), 1, 1, None, 0)
+    run = run_case("tests:runaway", case, factory=Runaway)
+    assert run.error is not None and run.error.rule == "generate-returns", run.error
+    assert f"more than the {max_forwards(case)}" in run.error.found, run.error.found
+
+
+def test_idle_limit_follows_the_measured_reference_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The idle limit is IDLE_MULTIPLE x the oracle's measured time on the case, with a floor:
+    a machine twice as slow gets a limit twice as long once the floor is passed."""
+    from specaudit import runner
+
+    case = Case(((1,),), ((True,),), 1, 1, None, 0)
+    assert runner.idle_limit(case) == runner.IDLE_FLOOR_S  # a tiny case: the floor
+    monkeypatch.setattr(runner, "reference_seconds", lambda c: 5.0)
+    assert runner.idle_limit(case) == 5.0 * runner.IDLE_MULTIPLE
+    monkeypatch.setattr(runner, "reference_seconds", lambda c: 10.0)
+    assert runner.idle_limit(case) == 10.0 * runner.IDLE_MULTIPLE
 
 
 class Flaky:

@@ -26,8 +26,8 @@ from specaudit.runner import Run, oracle_continuation, run_case
 from specaudit.strategies import cases
 from specaudit.violation import Violation
 from tests.decoders.chunked import ChunkedSpec
-from tests.decoders.pending import PendingSpec
-from tests.decoders.recompute import RecomputeSpec
+from tests.decoders.pending import PendingPadRows, PendingSpec
+from tests.decoders.recompute import RecomputeSpec, RecomputeUnpadsByValue
 
 CHECKS: dict[str, Callable[[Run], list[Violation]]] = {
     "I1": check_i1,
@@ -258,3 +258,42 @@ def test_rejected_drafts_kept_after_a_chunked_round_are_caught() -> None:
     assert run.error is None, run.error
     i2 = check_i2(run)
     assert i2 and i2[0].rule == "attends-wrong-slot", [v.render() for v in i2]
+
+
+# ---------------------------------------------------------------------------------------
+# Degenerate inputs and cache-free history (issue 15, points 5 and 9)
+
+PAD_ROW_CASES = {
+    "one-row-pad-column": lambda model: Case(((0,),), (pattern("1"),), 2, 4, None, 0, 1, model, DRAFTS[model]),
+    "zeros": lambda model: Case(((0,), (0, 0)), (pattern("1"),) * 2, 2, 4, None, 0, 0, model, DRAFTS[model]),
+}
+DRAFTS = {"transparent": "scripted", "llama": "tiny", "gpt2": "tiny"}
+
+
+@pytest.mark.parametrize("model", list(DRAFTS))
+@pytest.mark.parametrize("shape", list(PAD_ROW_CASES))
+def test_all_pad_prefill_rows_are_judged_not_crashed(shape: str, model: str) -> None:
+    """A prefill of `input_ids[:, :-1]` whose one-token-prompt rows are all pads (an empty stream,
+    a zero-width one-row stream) passes every check: such a row may attend nothing."""
+    case = PAD_ROW_CASES[shape](model)
+    run = run_case("tests.decoders.pending:PendingPadRows", case, factory=PendingPadRows)
+    assert run.error is None, run.error
+    diagnosis = diagnose(run)
+    assert diagnosis.passed, diagnosis.render()
+
+
+@pytest.mark.parametrize("model", list(DRAFTS))
+def test_cache_free_history_with_a_dropped_token_is_an_i2_fault(model: str) -> None:
+    """A cache-free decoder whose re-fed history drops a real token equal to the pad id fails I2
+    (`history-token`, at the slot where the history goes wrong), diagnosed as kv-drift; the same
+    decoder unpadding by the mask passes."""
+    accept = (pattern("1101"), pattern("0111")) if model == "transparent" else ((), ())
+    case = Case(((3, 0, 4), (5, 6)), accept, 2, 4, None, 0, 0, model, DRAFTS[model])
+    good = run_case("tests.decoders.recompute:RecomputeSpec", case, factory=RecomputeSpec)
+    assert diagnose(good).passed, diagnose(good).render()
+    bad = run_case("tests.decoders.recompute:RecomputeUnpadsByValue", case, factory=RecomputeUnpadsByValue)
+    first = check_i2(bad)[0] if check_i2(bad) else None
+    found = None if first is None else (first.rule, first.row, first.slot, first.evidence["expected_token"])
+    assert found == ("history-token", 0, 1, 0), f"got {found}, but should be ('history-token', row 0, slot 1, token 0)"
+    diagnosis = diagnose(bad)
+    assert (diagnosis.first_check, diagnosis.signature) == ("I2", "kv-drift"), diagnosis.render()

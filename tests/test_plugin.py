@@ -6,8 +6,11 @@ must not leak into this session. Runs cost seconds each, so there are few of the
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -69,6 +72,40 @@ def pytest_configure(config):
     phases = (Phase.explicit, Phase.reuse, Phase.generate)
     settings.register_profile("no-shrink", parent=settings.get_profile("specaudit-dev"), phases=phases)
     settings.load_profile("no-shrink")
+"""
+
+RECORD_CASES = """
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    # after the suite's conftest: its ci profile (derandomized), fewer examples
+    settings.register_profile("ci-few", parent=settings.get_profile("specaudit-ci"), max_examples=3)
+    settings.load_profile("ci-few")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    real, drawn = item.module.cached_run, []
+
+    def recording(spec, case):
+        # what was drawn, but the model and the EOS and pad ids (picked from the model's oracle)
+        drawn.append(repr(replace(case, model="?", eos_token_id=None, pad_token_id=0)))
+        return real(spec, case)
+
+    item.module.cached_run = recording
+    try:
+        yield
+    finally:
+        item.module.cached_run = real
+        with Path("drawn.jsonl").open("a") as out:
+            out.write(json.dumps({"item": item.name, "cases": drawn}) + "\\n")
 """
 
 
@@ -243,3 +280,61 @@ def test_nondeterministic_decoder_gets_its_own_verdict(
     result = run_properties(pytester, "--decoder", "decoders.flaky:Flaky", "-k", "equivalence")
     assert result.ret == 1, output(result)
     result.stdout.fnmatch_lines(["*nondeterministic decoder: the failing case failed again in ? of 3 fresh runs*"])
+
+
+def drawn_cases(pytester: pytest.Pytester, *args: str) -> dict[str, list[str]]:
+    """{item name: the cases it drew, model blanked} for a run of the real properties under specaudit-ci."""
+    pytester.makepyfile(specaudit_record_cases=RECORD_CASES)
+    (pytester.path / "drawn.jsonl").unlink(missing_ok=True)
+    result = pytester.runpytest_subprocess(
+        str(PROPERTIES), "-p", "specaudit_record_cases", "-p", "no:cacheprovider", *args
+    )
+    assert result.ret == 0, output(result)
+    lines = (pytester.path / "drawn.jsonl").read_text().splitlines()
+    return {record["item"]: record["cases"] for record in map(json.loads, lines)}
+
+
+def test_each_parametrization_draws_its_own_cases(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the derandomized ci profile, gpt2 and llama (same strategy bounds) draw different cases
+    for one property, and each draws the same cases again in a second run; `--hypothesis-seed`
+    overrides the per-parametrization seed (both models then draw alike)."""
+    monkeypatch.setenv("CI", "true")
+    select = ("-k", "test_decoder_contract", "--decoder", EQSPEC, "--models", "gpt2,llama")
+    first, again = drawn_cases(pytester, *select), drawn_cases(pytester, *select)
+    gpt2, llama = (first[f"test_decoder_contract[{EQSPEC}-{model}]"] for model in ("gpt2", "llama"))
+    assert gpt2 and llama, f"no case recorded: {first}"
+    assert gpt2 != llama, f"gpt2 and llama drew the same {len(gpt2)} cases, should differ; the last: {gpt2[-1][:300]}"
+    assert again == first, f"a second run drew {again}, should repeat the first run's {first}"
+    forced = drawn_cases(pytester, *select, "--hypothesis-seed", "7")
+    assert len(set(map(tuple, forced.values()))) == 1, f"--hypothesis-seed 7 should draw alike for each model: {forced}"
+
+
+def test_item_seed_is_stable_and_leaves_random_profiles_alone() -> None:
+    """`item_seed`: None (Hypothesis decides) unless derandomized; then a stable hash of the item's
+    name, `--hypothesis-seed` instead where given, and None for an explicit `@seed` or a plain test."""
+    from hypothesis import given, seed, settings
+    from hypothesis import strategies as st
+
+    from specaudit.properties.conftest import item_seed
+
+    @given(st.integers())
+    def prop(n: int) -> None: ...
+
+    def item(name: str, obj: object = prop, forced: str | None = None) -> SimpleNamespace:
+        return SimpleNamespace(obj=obj, name=name, config=SimpleNamespace(getoption=lambda *_, **__: forced))
+
+    before = settings.get_current_profile_name()
+    settings.register_profile("test-random", derandomize=False)
+    settings.register_profile("test-derandomized", derandomize=True, database=None)
+    try:
+        settings.load_profile("test-random")
+        assert item_seed(item("p[a-gpt2]", forced="7")) is None, "a random profile should be left to Hypothesis"
+        settings.load_profile("test-derandomized")
+        gpt2, llama = item_seed(item("p[a-gpt2]")), item_seed(item("p[a-llama]"))
+        assert gpt2 == item_seed(item("p[a-gpt2]")) and gpt2 != llama, f"seeds {gpt2}, {llama}: stable, not shared"
+        assert gpt2 == int.from_bytes(hashlib.sha256(b"p[a-gpt2]").digest()[:8], "big"), f"seed {gpt2} not sha256"
+        assert item_seed(item("p[a-gpt2]", forced="7")) == 7, "--hypothesis-seed should win"
+        assert item_seed(item("p[a-gpt2]", seed(3)(prop))) is None, "an explicit @seed should win"
+        assert item_seed(item("p[a-gpt2]", lambda: None)) is None, "a test without @given should be left alone"
+    finally:
+        settings.load_profile(before)

@@ -277,3 +277,32 @@ def test_checks_target_wrapper_computes_the_same(pair) -> None:
     )
     for (k, v), (k2, v2) in zip(reference_kv(wrapped, prompt + (8,)), reference_kv(target, prompt + (8,))):
         assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
+def hook_count(model: torch.nn.Module) -> int:
+    """Every module hook on `model`: what a run may not leave behind."""
+    kinds = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    return sum(len(getattr(m, kind)) for m in model.modules() for kind in kinds)
+
+
+@pytest.mark.parametrize(
+    "mutant, rule",
+    [
+        ("mutates_model", "models-unchanged"),
+        ("forward_bypass", "unobserved-forward"),
+        ("mutates_inputs", "inputs-unchanged"),
+    ],
+)
+def test_real_model_runs_keep_the_whole_contract(pair, mutant: str, rule: str) -> None:
+    """Real-model mode applies the batch mode's contract guard: each planted contract bug breaks
+    its own rule (not an accidental I1), and no hook is left on the caller's models."""
+    target, draft, tokenizer = pair
+    before = hook_count(target), hook_count(draft)
+    runs = run_real(
+        f"specaudit.reference.mutants:{mutant}", target, draft, tokenizer, PROMPTS[:2], batch_size=2, max_new_tokens=4
+    )
+    errors = [run.error.rule if run.error else None for run in runs]
+    assert errors == [rule], f"got {errors}, but should be [{rule!r}]"
+    assert (hook_count(target), hook_count(draft)) == before, "a run left hooks on the caller's models"
+    clean = run_real(EQSPEC, target, draft, tokenizer, PROMPTS[:2], batch_size=2, max_new_tokens=4)
+    assert diagnose(clean[0]).passed, diagnose(clean[0]).render()

@@ -2,8 +2,8 @@
 sequence cannot be that request.
 
 Guards the fix in `RowFollower.scores` (the `fits = m <= lengths` lines). A real model's past
-slots are K/V, not tokens, so binding does not read them and counts them as matching every
-request. A finished request shorter than a row's past then looked "fresh" for that row (its
+slots are K/V, not tokens; before the binder read them against each request's batch-size-1
+entries (`KVReader.past_prefixes`), it counted them as matching every request. A finished request shorter than a row's past then looked "fresh" for that row (its
 whole sequence matched), while the row's own request did not (its first input sat at a wrong
 position), so the row was bound to the short request. First seen on SmolLM2-135M in bfloat16
 with `positions_in_model_dtype` and a 315-token prompt among short ones: the long row's first
@@ -102,9 +102,11 @@ def test_correct_decoder_passes_the_case() -> None:
 
 
 def test_case_needs_the_fits_condition(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the `fits` lines the same case binds the long row to the short request and is
-    misdiagnosed as kv-drift: the tests above fail if the fix is removed."""
+    """Without the `fits` lines and without reading the past's K/V for binding (either alone
+    binds the long row right), the same case binds the long row to the short request and is
+    misdiagnosed as kv-drift: the tests above fail if both are removed."""
     monkeypatch.setattr(RowFollower, "fits", without_fits)
+    monkeypatch.setattr(RowFollower, "past_match", lambda self, call, obs: None)
     run = run_case(MUTANT, long_then_short_case())
     bad = overlong(run)
     assert [v.request for v in bad] == [1], f"expected one row misbound to request 1 without the fix, got {bad}"

@@ -16,8 +16,11 @@ def implied_positions(call: CallRecord, batch: int, width: int) -> torch.Tensor:
     return (call.past_length + torch.arange(width)).expand(batch, width)
 
 
-def i1_call_violations(call: CallRecord) -> list[Violation]:
-    """I1 for one target call: shapes agree, mask is [B, P + T], every row attends something."""
+def i1_call_violations(call: CallRecord, pad_token_id: int | None = None) -> list[Violation]:
+    """I1 for one target call: shapes agree, mask is [B, P + T], every row with a real input
+    attends something. A row whose inputs are all `pad_token_id` may attend nothing (a prefill
+    that holds a one-token prompt's only token back); its output means nothing, and
+    transformers itself unmasks such rows to avoid NaN."""
     v = []
 
     def bad(rule: str, found: str, expected: str, row: int | None = None) -> None:
@@ -48,12 +51,19 @@ def i1_call_violations(call: CallRecord) -> list[Violation]:
         return v
     if not bool(((mask == 0) | (mask == 1)).all()):
         bad("mask-values", "attention_mask values other than 0 and 1", "a 0/1 mask")
-    for row in (mask.sum(1) == 0).nonzero()[:, 0].tolist():
-        bad("row-attends-nothing", "a row whose mask is all zeros", "at least one attended slot", row=row)
+    padding = (ids == pad_token_id).all(1) if pad_token_id is not None else torch.zeros(batch, dtype=torch.bool)
+    for row in ((mask.sum(1) == 0) & ~padding).nonzero()[:, 0].tolist():
+        bad(
+            "row-attends-nothing",
+            "a row with a real input whose mask is all zeros",
+            "at least one attended slot (a real input attends at least itself)",
+            row=row,
+        )
     return v
 
 
 def check_i1(run: Run) -> list[Violation]:
     if not run.recording.target_calls and run.error is None:
         return [Violation("I1", "target-called", "no call of the target model", "at least one target forward")]
-    return [v for call in run.recording.target_calls for v in i1_call_violations(call)]
+    pad = run.case.pad_token_id
+    return [v for call in run.recording.target_calls for v in i1_call_violations(call, pad)]

@@ -44,6 +44,12 @@ def describe(fault: Fault, pad: int) -> tuple[str, str]:
     found = f"slot {fault.slot} holding token {fault.found_token}{note} at position {fault.found_position}"
     if fault.rule == "row-identity":
         found += f", the history of request {fault.other}"
+    if fault.rule == "history-token":
+        entry = f"input {fault.input} (slot {fault.slot}) holding token {fault.found_token}{note}"
+        found = f"{entry} at position {fault.found_position}"
+        if fault.other is not None:
+            found += f", the history of request {fault.other}"
+        return found, expected + " (the request's committed history, re-fed without a cache)"
     if fault.rule == "input-token":
         entry = f"first input (slot {fault.slot}) holding token {fault.found_token}{note}"
         found = f"{entry} at position {fault.found_position}"

@@ -147,14 +147,23 @@ def observe(call: CallRecord, exact: bool) -> Observation:
     return Observation(stream(tokens), stream(positions), stream(slots), mask[:, :past].sum(1), length)
 
 
-def common_prefixes(obs: Observation, sequences: torch.Tensor, lengths: torch.Tensor, exact: bool) -> torch.Tensor:
+def common_prefixes(
+    obs: Observation,
+    sequences: torch.Tensor,
+    lengths: torch.Tensor,
+    exact: bool,
+    past_match: torch.Tensor | None = None,
+) -> torch.Tensor:
     """[B, R] how many leading stream entries hold request r's sequence at positions 0, 1, ...
 
-    A real model's past slots are unknown here and count as matching (their K/V are compared
-    with the batch-size-1 run once the row is bound); the result never passes the row's
-    length or the request's.
+    A real model's past slots hold K/V, not tokens: `past_match` [B, R] says how many leading
+    past slots of row b hold request r's batch-size-1 entries (`KVReader.past_prefixes`); a
+    call without a snapshot (`None`) counts its past as matching (its rows bind by their inputs).
+    The result never passes the row's length or the request's.
     """
-    width = obs.tokens.shape[1]
+    batch, width = obs.tokens.shape
+    if width == 0:  # every row attends nothing (an all-pad prefill): no entry holds anything
+        return torch.zeros(batch, sequences.shape[0], dtype=torch.long)
     seq = sequences[:, :width]
     if seq.shape[1] < width:
         seq = torch.cat([seq, seq.new_full((seq.shape[0], width - seq.shape[1]), NO_TOKEN)], dim=1)
@@ -162,7 +171,11 @@ def common_prefixes(obs: Observation, sequences: torch.Tensor, lengths: torch.Te
     same = (obs.tokens[:, None, :] == seq[None]) & (obs.positions == index)[:, None, :]  # [B, R, W]
     free = index[None, :] >= obs.length[:, None]  # beyond the row's stream
     if not exact:
-        free |= index[None, :] < obs.past[:, None]
+        in_past = index[None, :] < obs.past[:, None]  # [B, W]
+        if past_match is None:
+            free |= in_past
+        else:
+            same = torch.where(in_past[:, None, :], index[None, None, :] < past_match[:, :, None], same)
     bad = ~(same | free[:, None, :])
     first = torch.where(bad.any(-1), bad.int().argmax(-1), width)  # [B, R]
     return torch.minimum(torch.minimum(first, obs.length[:, None]), lengths[None, :])
@@ -281,6 +294,35 @@ class KVReader:
             self._pad = kv_rows(reference_kv(self.target, (self.pad,))).to(self.work)[0]
             self.forwards += 1
         return self._pad
+
+    def past_prefixes(self, call: CallRecord, obs: Observation) -> torch.Tensor:
+        """[B, R] how many leading attended past slots of row b hold request r's batch-size-1
+        entries: the past's evidence of which request a row holds (the row binder's, before I2
+        judges the bound row). Reads the oracle's kept caches; a diverged request costs one
+        batch-size-1 forward, once."""
+        batch, requests = obs.past.shape[0], len(self.sequences)
+        width = int(obs.past.max()) if batch else 0
+        out = torch.zeros(batch, requests, dtype=torch.long)
+        if width == 0:
+            return out
+        flat = self.flat(call)  # [B, S, F]
+        slots = obs.slots[:, :width].clamp(0, flat.shape[1] - 1)  # [B, M]
+        found = flat.gather(1, slots[..., None].expand(-1, -1, flat.shape[2]))  # [B, M, F]
+        index = torch.arange(width)
+        for r, sequence in enumerate(self.sequences):
+            n = min(width, len(sequence))
+            want = self.reference(sequence, n)[1][:n]  # [n, F]
+            same = self.same_slots(found[:, :n], want)  # [B, n]
+            bad = ~same & (index[None, :n] < obs.past[:, None])
+            first = torch.where(bad.any(1), bad.int().argmax(1), n)
+            out[:, r] = torch.minimum(first, obs.past)
+        return out
+
+    def same_slots(self, found: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+        """[B, n] whether found [B, n, F] holds want [n, F] slot by slot, as `first_mismatch` judges."""
+        if self.bound is not None:
+            return (found - want).abs().amax(-1) <= self.bound
+        return ((found - want).abs() <= self.atol + self.rtol * want.abs()).all(-1)
 
     def flat(self, call: CallRecord) -> torch.Tensor:
         """[B, S, F] the call's snapshot (kept for the call's next row)."""
@@ -419,7 +461,7 @@ class RowFollower:
             return True
         return bisect.bisect_right(self.draft_orders, before) < bisect.bisect_left(self.draft_orders, after)
 
-    def chunks(self, call: CallRecord, obs: Observation) -> torch.Tensor:
+    def chunks(self, call: CallRecord, obs: Observation, past_match: torch.Tensor | None) -> torch.Tensor:
         """[B, R] row b repeats request r's previous call as its past, with no draft call since."""
         batch, requests = obs.past.shape[0], len(self.state)
         out = torch.zeros(batch, requests, dtype=torch.bool)
@@ -431,8 +473,11 @@ class RowFollower:
                 continue
             rows = torch.tensor(by_past[len(s.stream)])
             m = len(s.stream)
-            if not self.exact:
-                out[rows, r] = True  # K/V judged once bound
+            if not self.exact:  # K/V: the previous call's entries that are the request's own must be there
+                if past_match is None:
+                    out[rows, r] = True  # no snapshot: judged by the inputs alone
+                else:
+                    out[rows, r] = past_match[rows, r] >= min(m, common_prefix(s.stream, self.sequences[r]))
                 continue
             want = torch.tensor(s.stream)
             same = (obs.tokens[rows, :m] == want).all(1) & (obs.positions[rows, :m] == torch.arange(m)).all(1)
@@ -463,13 +508,17 @@ class RowFollower:
         running = known < lengths
         # entries past the committed ones are drafts: at most K, and only after a draft call
         feasible = (length <= known + self.k * self.drafted(call)[None, :]) | chunk
-        at_progress = (fresh & (m == known - 1)) | chunk
+        # a cached round starts at the committed length; a cache-free call re-feeds the committed history
+        at_progress = torch.where(m == 0, cp >= torch.minimum(known, length), fresh & (m == known - 1)) | chunk
         covers = length >= known
         flags = (fresh | chunk, own_past, running, feasible, at_progress, covers)
         base = torch.zeros_like(cp)
         for flag in flags:  # lexicographic: each flag outweighs all the ones after it
             base = 2 * base + flag.long()
-        return torch.where(length > 0, (base * (cp.max() + 1) + cp).double() + self.continuity(cp.shape), -1.0)
+        continuity = self.continuity(cp.shape)
+        real = (base * (cp.max() + 1) + cp).double() + continuity + 1.0
+        # a row attending nothing (an all-pad prefill row) keeps its place's request, after every real row
+        return torch.where(length > 0, real, continuity / 2)
 
     def continuity(self, shape: torch.Size) -> torch.Tensor:
         """[B, R] in [0, 1): the row a request held before, else its rank in case order if unseen."""
@@ -507,14 +556,22 @@ class RowFollower:
                 break
         return sorted(pairs)
 
+    def past_match(self, call: CallRecord, obs: Observation) -> torch.Tensor | None:
+        """[B, R] a real model's past read as K/V against every request's entries (None: an exact
+        model, whose past is read as tokens, or a call that kept no snapshot)."""
+        if self.kv is None or not (call.sampled and call.cache_after):
+            return None
+        return self.kv.past_prefixes(call, obs)
+
     def visit(self, call: CallRecord) -> None:
         obs = observe(call, self.exact)
-        cp = common_prefixes(obs, self.table, self.lengths, self.exact)  # [B, R]
-        chunk = self.chunks(call, obs)
+        past_match = self.past_match(call, obs)
+        cp = common_prefixes(obs, self.table, self.lengths, self.exact, past_match)  # [B, R]
+        chunk = self.chunks(call, obs, past_match)
         pairs = self.assign(self.scores(call, obs, cp, chunk))
         tokens, positions, slots = obs.tokens.tolist(), obs.positions.tolist(), obs.slots.tolist()
-        self.confirm_prefills(pairs, obs.past.tolist(), tokens)
         own_past = cp >= torch.minimum(obs.past[:, None], self.lengths[None, :])
+        self.confirm_prefills(pairs, obs.past.tolist(), tokens, own_past)
         for b, r in pairs:
             m, length = int(obs.past[b]), int(obs.length[b])
             row = Row(call, b, r, m, length, tokens[b][:length], positions[b][:length], slots[b][:length])
@@ -537,7 +594,9 @@ class RowFollower:
             )
             self.advance(r, call, b, stream)
 
-    def confirm_prefills(self, pairs: list[tuple[int, int]], past: list[int], tokens: list[list[int]]) -> None:
+    def confirm_prefills(
+        self, pairs: list[tuple[int, int]], past: list[int], tokens: list[list[int]], own_past: torch.Tensor
+    ) -> None:
         """A prefill binds for now; the next call confirms it. A row whose cached past is exactly
         the stream some request's prefill wrote continues that prefill, so the prefill is its
         request's (prompts that are prefixes of one another, the last token kept pending)."""
@@ -546,7 +605,8 @@ class RowFollower:
         for b, r in pairs:
             m = past[b]
             history = self.sequences[r][:m]
-            if m == 0 or not prefills or (self.exact and tuple(tokens[b][:m]) != history):
+            holds = tuple(tokens[b][:m]) == history if self.exact else bool(own_past[b, r])
+            if m == 0 or not prefills or not holds:
                 continue
             mine = self.history[r][0] if len(self.history[r]) == 1 else None
             if mine in prefills and self.views[mine].stream == history:
@@ -555,7 +615,10 @@ class RowFollower:
             if claim is not None:
                 claims[claim] = r
         moved = {prefills[i] for i in claims} | set(claims.values())
-        for i, r in claims.items():
+        # the prefill rows left to a claiming request's old view go to the requests that lost theirs (a swap)
+        displaced = sorted(i for i, r in prefills.items() if i not in claims and r in claims.values())
+        orphans = sorted(prefills[i] for i in claims if prefills[i] not in claims.values())
+        for i, r in [*claims.items(), *zip(displaced, orphans)]:
             self.views[i] = replace(self.views[i], request=r)
         for r in moved:
             mine = [i for i in prefills if self.views[i].request == r]
@@ -660,6 +723,9 @@ class RowFollower:
                     j,
                     input=j - m,
                 )
+        history = self.history_fault(row, sequence)
+        if history is not None:
+            return history
         if check_token and row.length > m and row.tokens[m] != sequence[m]:
             return Fault(
                 "input-token",
@@ -675,6 +741,34 @@ class RowFollower:
                 input=0,
             )
         return None
+
+    def history_fault(self, row: Row, sequence: tuple[int, ...]) -> Fault | None:
+        """A call without a cache re-feeds the request's history as inputs: its first entries, up
+        to the request's committed length, are what the row attends as its past, and must be the
+        request's own tokens (a dropped, duplicated or foreign token shifts or replaces them)."""
+        if row.call.past_length:
+            return None  # a cached call: its past is judged slot by slot
+        committed = min(self.state[row.request].known, row.length, len(sequence))
+        j = common_prefix(row.tokens[:committed], sequence)
+        if j >= committed:
+            return None
+        other = next(
+            (q for q, s in enumerate(self.sequences) if q != row.request and s[: j + 1] == tuple(row.tokens[: j + 1])),
+            None,
+        )
+        return Fault(
+            "history-token",
+            row.call.index,
+            row.row,
+            row.request,
+            row.slots[j],
+            row.tokens[j],
+            row.positions[j],
+            sequence[j],
+            j,
+            other,
+            input=j,
+        )
 
     def pending_of(self, token: int, request: int) -> int | None:
         """Another running request whose next token this is (rows mixed up), if any."""

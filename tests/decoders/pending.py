@@ -25,7 +25,8 @@ class PendingSpec:
     """Greedy batch speculative decoding with the prompt's last token kept pending after the prefill."""
 
     name = "pending-last-token"
-    max_wait_calls = 0
+    max_wait_calls = 1  # a one-token prompt's row sits out the prefill
+    skip_pad_rows = True  # prefill only the rows with something to prefill
 
     @torch.no_grad()
     def generate(
@@ -43,7 +44,7 @@ class PendingSpec:
         out: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
         limits = {"max_new_tokens": max_new_tokens, "eos_token_id": eos_token_id}
         mask = attention_mask[:, :-1].long()  # [B, T - 1] what the prefill covers
-        if not bool(mask.any()):
+        if not bool(mask.any()) and self.skip_pad_rows:
             mask = mask[:, :0]  # every prompt is one token long: nothing to prefill
         batch = Batch(
             list(range(input_ids.shape[0])),
@@ -58,9 +59,11 @@ class PendingSpec:
             batch = advance(batch, drafts, predicted, out, limits)
         return out
 
-    @staticmethod
-    def prefill(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> DynamicCache:
+    def prefill(self, model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> DynamicCache:
         """A cache [B, H, T - 1, D] of every row's prompt but its last token."""
+        if not self.skip_pad_rows and ids.shape[1]:  # the whole batch, all-pad rows included
+            _, cache = forward(model, ids, mask, (mask.cumsum(1) - 1).clamp(min=0), DynamicCache())
+            return cache
         rows = (mask.sum(1) > 0).nonzero()[:, 0]  # rows with something to prefill
         if rows.numel() == 0:
             return DynamicCache()
@@ -82,3 +85,12 @@ class PendingSpec:
         mask = torch.cat([batch.mask, batch.mask.new_ones(block.shape)], dim=1)  # [B, S + K + 1]
         logits, batch.target_cache = forward(target, block, mask, positions, batch.target_cache)
         return logits.argmax(-1)
+
+
+class PendingPadRows(PendingSpec):
+    """The same decoder with a plain prefill of `input_ids[:, :-1]` over every row: a one-token
+    prompt's row is all pads there and attends nothing (allowed: its output is never used)."""
+
+    name = "pending-pad-rows"
+    max_wait_calls = 0  # every row takes part in the prefill, all-pad ones included
+    skip_pad_rows = False

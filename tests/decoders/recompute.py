@@ -54,9 +54,7 @@ class RecomputeSpec:
         eos_token_id: int | None,
         pad_token_id: int,
     ) -> list[list[int]]:
-        prompts = [
-            [t for t, m in zip(ids, mask) if m] for ids, mask in zip(input_ids.tolist(), attention_mask.tolist())
-        ]
+        prompts = self.unpad(input_ids, attention_mask, pad_token_id)
         out: list[list[int]] = [[] for _ in prompts]
         running = list(range(len(prompts)))
         first = last_logits(target, prompts, pad_token_id, 1)[:, 0].tolist()
@@ -74,6 +72,11 @@ class RecomputeSpec:
                 new.append(d[:a] + [y[a]])
             running = self.commit(out, running, new, max_new_tokens, eos_token_id)
         return out
+
+    @staticmethod
+    def unpad(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad: int) -> list[list[int]]:
+        """Each row's prompt: its tokens under the mask."""
+        return [[t for t, m in zip(ids, mask) if m] for ids, mask in zip(input_ids.tolist(), attention_mask.tolist())]
 
     @staticmethod
     def propose(draft: torch.nn.Module, sequences: list[list[int]], k: int, pad: int) -> list[list[int]]:
@@ -99,3 +102,15 @@ class RecomputeSpec:
             if len(out[row]) < max_new_tokens and out[row][-1] != eos:
                 still.append(row)
         return still
+
+
+class RecomputeUnpadsByValue(RecomputeSpec):
+    """Planted: unpads by value (`ids != pad`) instead of by the mask, so a prompt's real tokens
+    equal to the pad id vanish from the history every round re-feeds: the I2 control for
+    cache-free calls (rule `history-token`)."""
+
+    name = "recompute-unpads-by-value"
+
+    @staticmethod
+    def unpad(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad: int) -> list[list[int]]:
+        return [[t for t in ids if t != pad] or ids[-1:] for ids in input_ids.tolist()]
