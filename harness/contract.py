@@ -116,10 +116,6 @@ def instantiate(factory: Any, spec: str) -> Decoder:
     return decoder
 
 
-def decoder_name(decoder: Any, spec: str) -> str:
-    return str(getattr(decoder, "name", None) or spec)
-
-
 class DecoderTimeout(BaseException):
     """Raised in a decoder's thread to stop it (a BaseException: its `except Exception` cannot swallow it)."""
 

@@ -108,10 +108,6 @@ def build_engine(
     return engine
 
 
-def engine_name(engine: Any, spec: str) -> str:
-    return str(getattr(engine, "name", None) or spec)
-
-
 def declared(engine: Any, name: str) -> int | None:
     """An optional declared capability (`max_batch_size`, `max_wait_steps`) as an int, or None."""
     value = getattr(engine, name, None)
@@ -252,6 +248,5 @@ __all__ = [
     "build_engine",
     "declared",
     "engine_error",
-    "engine_name",
     "load_engine",
 ]

@@ -2,12 +2,13 @@
 
 Each is a negative control for a check. `CATALOG` maps name to class, and every entry can be
 run with `--decoder specaudit.reference.mutants:NAME`. Every class documents the bug class and where it
-was seen ("—": nowhere in particular), and carries a `bug: BugInfo` whose `first_check`,
-`output_equivalent` and `visible_at_batch_1` were measured with the harness on generated cases
+was seen ("—": nowhere in particular), and carries a `bug: BugInfo` whose `first_check`
+and `visible_at_batch_1` were measured with the harness on generated cases
 (tests/test_mutants.py keeps them honest).
 
-Checks run in the order contract, I1, I2, equivalence, token-preservation; `first_check` is
-the first of those that reports a violation on the shrunk failing case.
+Checks run in the registry's order (`specaudit.registry.CHECKS`: contract, I1, I2, equivalence,
+token-preservation, liveness, grouped-no-realignment, order-independence); `first_check` is the
+first of those that reports a violation on the shrunk failing case.
 
 Signatures:
   position-id        wrong position ids, or slots written at wrong positions (I2 position rule)
@@ -27,7 +28,6 @@ from transformers import DynamicCache
 
 from specaudit.compat import cache_keyword, cache_layers, call_model, output_cache, select_rows, set_cache_layers
 from specaudit.reference.eqspec import BatchState, EqSpec, left_pad_positions
-from specaudit.registry import CHECK_ORDER, SIGNATURES  # noqa: F401  (BugInfo's names; tests/test_mutants.py checks them)
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,7 @@ class BugInfo:
     bug_class: str  # short description
     seen_in: str  # "DSD", "BSP", "HF defaults", "several" or "—"
     signature: str  # one of SIGNATURES: what specaudit.diagnosis names it
-    first_check: str  # first failing check in the order contract, I1, I2, equivalence, token-preservation
-    output_equivalent: bool  # True if only an invariant or token preservation can catch it
+    first_check: str  # first failing check, in the registry's order
     visible_at_batch_1: bool  # True if it fails even with a single row
     needs_padding: bool = False  # at batch size 1 only with extra pad columns: its smallest case may use a 2nd row
     models: tuple[str, ...] = ("transparent",)  # where tests/test_mutants.py searches for it (the first one)
@@ -73,7 +72,7 @@ class BonusFromDraft(EqSpec):
     """
 
     name = "bonus_from_draft"
-    bug = BugInfo("bonus token taken from the draft", "DSD", "bonus", "equivalence", False, True)
+    bug = BugInfo("bonus token taken from the draft", "DSD", "bonus", "equivalence", True)
 
     @staticmethod
     def accept(drafts: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +90,7 @@ class FirstMismatchAccepted(EqSpec):
     """
 
     name = "first_mismatch_accepted"
-    bug = BugInfo("first mismatching draft accepted", "DSD", "bonus", "equivalence", False, True)
+    bug = BugInfo("first mismatching draft accepted", "DSD", "bonus", "equivalence", True)
 
     @staticmethod
     def accept(drafts: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,11 +105,11 @@ class AcceptanceOneShort(EqSpec):
     The bonus is still the target's token after the accepted prefix, so the output is right;
     only token preservation can see fewer drafts accepted than the schedule allows. (Today it
     does not on generated cases: check_token_preservation stops following a row once v < b,
-    before its verified-kept test; see KNOWN_GAPS in tests/test_mutants.py.)
+    before its verified-kept test.)
     """
 
     name = "acceptance_one_short"
-    bug = BugInfo("acceptance computed one draft short", "—", "output-equivalent", "token-preservation", True, True)
+    bug = BugInfo("acceptance computed one draft short", "—", "output-equivalent", "token-preservation", True)
 
     @staticmethod
     def accept(drafts: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +124,7 @@ class LogitsShiftedByOne(EqSpec):
     """
 
     name = "logits_shifted_by_one"
-    bug = BugInfo("logits shifted by one", "—", "bonus", "equivalence", False, True)
+    bug = BugInfo("logits shifted by one", "—", "bonus", "equivalence", True)
 
     def batch_verify(self, target: torch.nn.Module, state: BatchState, drafts: torch.Tensor) -> torch.Tensor:
         predicted = super().batch_verify(target, state, drafts)  # [B, K + 1]
@@ -143,7 +142,7 @@ class NoBonusToken(EqSpec):
     """
 
     name = "no_bonus_token"
-    bug = BugInfo("no bonus token (liveness)", "—", "bookkeeping", "equivalence", False, True)
+    bug = BugInfo("no bonus token (liveness)", "—", "bookkeeping", "equivalence", True)
 
     @torch.no_grad()
     def generate(
@@ -188,7 +187,7 @@ class CropToShortest(EqSpec):
 
     name = "crop_to_shortest"
     bug = BugInfo(
-        "crop every row to the batch's shortest acceptance", "—", "output-equivalent", "token-preservation", True, False
+        "crop every row to the batch's shortest acceptance", "—", "output-equivalent", "token-preservation", False
     )
 
     @staticmethod
@@ -209,7 +208,7 @@ class RejectedKvAttended(EqSpec):
     """
 
     name = "rejected_kv_attended"
-    bug = BugInfo("rejected drafts' KV kept and attended", "BSP", "kv-drift", "I2", False, True)
+    bug = BugInfo("rejected drafts' KV kept and attended", "BSP", "kv-drift", "I2", True)
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
@@ -230,7 +229,7 @@ class RejectedKvMaskedNoPositionIds(EqSpec):
     """
 
     name = "rejected_kv_masked_no_position_ids"
-    bug = BugInfo("rejected KV kept masked, no position ids passed", "BSP", "position-id", "I2", False, True)
+    bug = BugInfo("rejected KV kept masked, no position ids passed", "BSP", "position-id", "I2", True)
 
     def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
         return None
@@ -250,7 +249,7 @@ class KvCroppedToMinAcceptance(EqSpec):
     """
 
     name = "kv_cropped_to_min_acceptance"
-    bug = BugInfo("KV cropped to the batch's minimum acceptance", "DSD", "kv-drift", "I2", False, False)
+    bug = BugInfo("KV cropped to the batch's minimum acceptance", "DSD", "kv-drift", "I2", False)
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
@@ -266,7 +265,7 @@ class RealignOffByOne(EqSpec):
     """
 
     name = "realign_off_by_one"
-    bug = BugInfo("realignment range off by one", "—", "kv-drift", "I2", False, True)
+    bug = BugInfo("realignment range off by one", "—", "kv-drift", "I2", True)
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
@@ -281,7 +280,7 @@ class DraftCacheNotRolledBack(EqSpec):
     """
 
     name = "draft_cache_not_rolled_back"
-    bug = BugInfo("draft cache never rolled back", "BSP", "output-equivalent", "token-preservation", True, True)
+    bug = BugInfo("draft cache never rolled back", "BSP", "output-equivalent", "token-preservation", True)
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
@@ -302,7 +301,7 @@ class UninitialisedPadSlots(EqSpec):
     """
 
     name = "uninitialised_pad_slots"
-    bug = BugInfo("re-pad leaves uninitialised pad slots, then attends them", "—", "kv-drift", "I2", False, False)
+    bug = BugInfo("re-pad leaves uninitialised pad slots, then attends them", "—", "kv-drift", "I2", False)
 
     @staticmethod
     def gather_rows(
@@ -329,7 +328,7 @@ class CacheRowsPermuted(EqSpec):
     """
 
     name = "cache_rows_permuted"
-    bug = BugInfo("cache rows permuted relative to sequences", "—", "kv-drift", "I2", False, False)
+    bug = BugInfo("cache rows permuted relative to sequences", "—", "kv-drift", "I2", False)
 
     @staticmethod
     def gather_rows(
@@ -357,7 +356,7 @@ class MaskNotUpdatedAfterRepad(EqSpec):
     """
 
     name = "mask_not_updated_after_repad"
-    bug = BugInfo("attention mask not updated after re-pad", "—", "kv-drift", "I1", False, True)
+    bug = BugInfo("attention mask not updated after re-pad", "—", "kv-drift", "I1", True)
 
     @staticmethod
     def model_mask(state: BatchState) -> torch.Tensor:
@@ -384,7 +383,7 @@ class PadsAttended(EqSpec):
     """
 
     name = "pads_attended"
-    bug = BugInfo("pads attended (mask all ones after re-pad)", "DSD", "kv-drift", "I2", False, False)
+    bug = BugInfo("pads attended (mask all ones after re-pad)", "DSD", "kv-drift", "I2", False)
 
     @staticmethod
     def gather_rows(
@@ -405,7 +404,7 @@ class PadsAccumulate(EqSpec):
     """
 
     name = "pads_accumulate"
-    bug = BugInfo("pads accumulate every round, wrong mask", "DSD", "kv-drift", "I2", False, True)
+    bug = BugInfo("pads accumulate every round, wrong mask", "DSD", "kv-drift", "I2", True)
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
@@ -429,7 +428,7 @@ class RightPadding(EqSpec):
     """
 
     name = "right_padding"
-    bug = BugInfo("right padding for a decoder-only model", "—", "bookkeeping", "equivalence", False, True, True)
+    bug = BugInfo("right padding for a decoder-only model", "—", "bookkeeping", "equivalence", True, True)
 
     def prefill(
         self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -450,7 +449,7 @@ class DraftWithoutMask(EqSpec):
     """
 
     name = "draft_without_mask"
-    bug = BugInfo("draft run without a mask", "—", "output-equivalent", "token-preservation", True, False)
+    bug = BugInfo("draft run without a mask", "—", "output-equivalent", "token-preservation", False)
 
     def call_mask(self, state: BatchState, mask: torch.Tensor, role: str) -> torch.Tensor | None:
         return None if role == "draft" else mask
@@ -469,7 +468,7 @@ class PositionsFromArange(EqSpec):
     """
 
     name = "positions_from_arange"
-    bug = BugInfo("position ids from arange, ignoring padding", "BSP, HF defaults", "position-id", "I2", False, True)
+    bug = BugInfo("position ids from arange, ignoring padding", "BSP, HF defaults", "position-id", "I2", True)
 
     def prefill(
         self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -489,7 +488,7 @@ class BatchUniformCacheOffset(EqSpec):
     """
 
     name = "batch_uniform_cache_offset"
-    bug = BugInfo("batch-uniform cache offset", "HF defaults", "position-id", "I2", False, False)
+    bug = BugInfo("batch-uniform cache offset", "HF defaults", "position-id", "I2", False)
 
     def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
         return (mask.shape[1] + torch.arange(width, device=mask.device)).expand(mask.shape[0], width)
@@ -502,7 +501,7 @@ class VerifyPositionOffByOne(EqSpec):
     """
 
     name = "verify_position_off_by_one"
-    bug = BugInfo("position off by one in the verify call", "several", "position-id", "I2", False, True)
+    bug = BugInfo("position off by one in the verify call", "several", "position-id", "I2", True)
 
     def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
         shift = 1 if role == "target" else 0
@@ -521,7 +520,7 @@ class EosScansPaddedRow(EqSpec):
     """
 
     name = "eos_scans_padded_row"
-    bug = BugInfo("EOS check scans the padded row", "—", "bookkeeping", "equivalence", False, True, True)
+    bug = BugInfo("EOS check scans the padded row", "—", "bookkeeping", "equivalence", True, True)
 
     def prefill(
         self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -551,7 +550,7 @@ class MaxNewTokensOverrun(EqSpec):
     """
 
     name = "max_new_tokens_overrun"
-    bug = BugInfo("max_new_tokens not respected in the last round", "—", "contract", "contract", False, True)
+    bug = BugInfo("max_new_tokens not respected in the last round", "—", "contract", "contract", True)
 
     def commit(
         self,
@@ -582,7 +581,7 @@ class RowBufferOf16(EqSpec):
     """
 
     name = "row_buffer_of_16"
-    bug = BugInfo("fixed-size per-row buffer (16 rows)", "—", "kv-drift", "I2", False, False, min_rows=17)
+    bug = BugInfo("fixed-size per-row buffer (16 rows)", "—", "kv-drift", "I2", False, min_rows=17)
     capacity = 16
 
     def realign(
@@ -602,7 +601,7 @@ class PositionsWrapAt256(EqSpec):
     """
 
     name = "positions_wrap_at_256"
-    bug = BugInfo("position ids wrap at 256", "—", "position-id", "I2", False, True)
+    bug = BugInfo("position ids wrap at 256", "—", "position-id", "I2", True)
 
     def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
         return super().positions(state, mask, width, role).to(torch.uint8).long()  # [B, width], modulo 256
@@ -618,9 +617,7 @@ class PositionsInModelDtype(EqSpec):
     """
 
     name = "positions_in_model_dtype"
-    bug = BugInfo(
-        "position ids computed in the model's dtype", "—", "position-id", "I2", False, True, models=("llama",)
-    )
+    bug = BugInfo("position ids computed in the model's dtype", "—", "position-id", "I2", True, models=("llama",))
 
     def prefill(
         self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -645,7 +642,7 @@ class MatchesAfterRejectionAccepted(EqSpec):
 
     name = "matches_after_rejection_accepted"
     bug = BugInfo(
-        "drafts matching after the first rejection accepted", "—", "bonus", "equivalence", False, True, models=("gpt2",)
+        "drafts matching after the first rejection accepted", "—", "bonus", "equivalence", True, models=("gpt2",)
     )
 
     @staticmethod
@@ -665,7 +662,7 @@ class BonusWindowOfThree(EqSpec):
     """
 
     name = "bonus_window_of_three"
-    bug = BugInfo("bonus read from a 3-wide window after a deep acceptance", "—", "bonus", "equivalence", False, True)
+    bug = BugInfo("bonus read from a 3-wide window after a deep acceptance", "—", "bonus", "equivalence", True)
 
     @staticmethod
     def accept(drafts: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -738,7 +735,7 @@ class ForwardBypass(EqSpec):
     """
 
     name = "forward_bypass"
-    bug = BugInfo("target called through forward(), bypassing its hooks", "—", "contract", "contract", False, True)
+    bug = BugInfo("target called through forward(), bypassing its hooks", "—", "contract", "contract", True)
 
     def prefill(
         self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -768,7 +765,7 @@ class MutatesInputs(EqSpec):
     """
 
     name = "mutates_inputs"
-    bug = BugInfo("writes into the caller's attention_mask", "—", "contract", "contract", False, True)
+    bug = BugInfo("writes into the caller's attention_mask", "—", "contract", "contract", True)
 
     def prefill(
         self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -791,7 +788,7 @@ class MutatesModel(EqSpec):
     """
 
     name = "mutates_model"
-    bug = BugInfo("forward hook left on the target", "—", "contract", "contract", False, True)
+    bug = BugInfo("forward hook left on the target", "—", "contract", "contract", True)
 
     def generate(self, target: torch.nn.Module, draft: torch.nn.Module, *args: Any, **kwargs: Any) -> list[list[int]]:
         target.register_forward_hook(self.keep_logits)

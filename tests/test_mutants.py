@@ -13,7 +13,8 @@ import torch
 from specaudit.case import Case
 from specaudit.diagnosis import diagnose
 from specaudit.models import MODELS
-from specaudit.reference.mutants import CATALOG, CHECK_ORDER, SIGNATURES, BugInfo
+from specaudit.reference.mutants import CATALOG, BugInfo
+from specaudit.registry import CHECK_ORDER, SIGNATURES
 from specaudit.runner import run_case
 from specaudit.search import search
 from specaudit.strategies import pattern_from_rounds
@@ -30,11 +31,6 @@ class ShrunkTooBig(AssertionError):
     """The bug is caught, but the minimal case has more rows than the bug needs."""
 
 
-KNOWN_GAPS: dict[str, tuple[type[AssertionError], str]] = {}
-"""Mutants the harness does not yet handle as DESIGN.md requires; each expected failure is
-strict and tied to its exception type, so a fix (or any other failure) shows up."""
-
-
 @pytest.fixture(autouse=True, scope="module")
 def one_thread() -> Iterator[None]:
     """Tiny exact models gain nothing from intra-op threads; on two shared cores they cost ~1.5x."""
@@ -44,16 +40,7 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def catalog_params() -> list:
-    params = []
-    for name in CATALOG:
-        gap = KNOWN_GAPS.get(name)
-        marks = [pytest.mark.xfail(raises=gap[0], reason=gap[1], strict=True)] if gap else []
-        params.append(pytest.param(name, marks=marks, id=name))
-    return params
-
-
-@pytest.mark.parametrize("name", catalog_params())
+@pytest.mark.parametrize("name", list(CATALOG))
 def test_mutant_is_caught_with_a_small_case(name: str) -> None:
     """The search finds a failing case, its first failing check is the one the catalog names,
     and it shrinks to one row (bugs visible at batch size 1), two (bugs that need a batch) or the
@@ -102,7 +89,6 @@ def test_catalog_is_complete_and_documented() -> None:
         assert isinstance(bug, BugInfo), f"{name} has no BugInfo of its own"
         assert bug.signature in SIGNATURES and bug.first_check in CHECK_ORDER
         assert bug.bug_class and bug.seen_in
-        assert bug.output_equivalent == (bug.signature == "output-equivalent")
         assert bug.models and set(bug.models) <= set(MODELS), f"{name}: searched on {bug.models}, not built-in models"
         assert bug.min_rows == 0 or (bug.min_rows > 2 and not bug.visible_at_batch_1), f"{name}: {bug.min_rows} rows"
 

@@ -3,12 +3,13 @@ sequence cannot be that request.
 
 Guards the fix in `RowFollower.scores` (the `fits = m <= lengths` lines). A real model's past
 slots are K/V, not tokens; before the binder read them against each request's batch-size-1
-entries (`KVReader.past_prefixes`), it counted them as matching every request. A finished request shorter than a row's past then looked "fresh" for that row (its
-whole sequence matched), while the row's own request did not (its first input sat at a wrong
-position), so the row was bound to the short request. First seen on SmolLM2-135M in bfloat16
-with `positions_in_model_dtype` and a 315-token prompt among short ones: the long row's first
-fault was reported as the short request's K/V mismatch, I2 "kv-drift", instead of I2
-"position-ids" (signature position-id). Here the tiny Llama reproduces it with two rows.
+entries (`KVReader.past_prefixes`), it counted them as matching every request. A finished
+request shorter than a row's past then looked "fresh" for that row (its whole sequence
+matched), while the row's own request did not (its first input sat at a wrong position), so the
+row was bound to the short request. First seen on SmolLM2-135M in bfloat16 with
+`positions_in_model_dtype` and a 315-token prompt among short ones: the long row's first fault
+was reported as the short request's K/V mismatch, I2 "kv-drift", instead of I2 "position-ids"
+(signature position-id). Here the tiny Llama reproduces it with two rows.
 """
 
 from __future__ import annotations

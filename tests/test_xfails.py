@@ -57,7 +57,11 @@ def test_valid_entries_load(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "found", "should"),
     [
-        ("specaudit.reference.eqspec:EqSpec gpt2 I-2 row-identity", "unknown check 'I-2'", "should be one of contract, I1"),
+        (
+            "specaudit.reference.eqspec:EqSpec gpt2 I-2 row-identity",
+            "unknown check 'I-2'",
+            "should be one of contract, I1",
+        ),
         ("* * X* *", "unknown check 'X*'", "order-independence or *"),
         ("* * I2 attends-wrong", "unknown rule 'attends-wrong' for check I2", "should be one of attends-wrong-slot"),
         ("* * I1 row-identity", "unknown rule 'row-identity' for check I1", "row-attends-nothing"),

@@ -21,6 +21,12 @@ ranking each (row, request) pair by, in this order:
   6. how many of the row's entries are the request's tokens;
   7. continuity: the row the request held before, or its rank in case order if not yet seen.
 
+On a real model the past slots are K/V, not tokens: they are read against every request's
+batch-size-1 entries (`KVReader.past_prefixes`, the reader I2 judges with), so a row's past
+names its request as the transparent model's tokens do. A call without a cache re-feeds the
+committed history as inputs (progress: it holds all of it). A row attending nothing (an
+all-pad prefill row) keeps its place's request after every real row is matched.
+
 Content never re-picks a request on its own: requests whose histories coincide (a prompt
 that is a prefix of another's history, duplicate prompts) are told apart by progress and
 continuity. What a row attends against what its request needs is then judged from the
@@ -350,13 +356,10 @@ class KVReader:
         _, ref = self.reference(tokens, m)
         want = ref[:m]  # [m, F]
         found = self.flat(call)[row, torch.tensor(slots[:m], dtype=torch.long)]  # [m, F]
-        diff = (found - want).abs()
-        distance = diff.amax(-1)  # [m]
-        if self.bound is None:
-            bad = ~(diff <= self.atol + self.rtol * want.abs()).all(-1)
-            suspects: list[int] = []
-        else:
-            bad = distance > self.bound
+        distance = (found - want).abs().amax(-1)  # [m]
+        bad = ~self.same_slots(found[None], want)[0]
+        suspects: list[int] = []
+        if self.bound is not None:
             suspects = ((distance > self.bound / 2) & ~bad).nonzero()[:, 0].tolist()
         first = int(bad.int().argmax()) if bool(bad.any()) else m
         for i in suspects:  # within the bound but maybe nearer to an alternative
