@@ -826,6 +826,17 @@ def engine_failure_in(exc: BaseException) -> EngineFailure | None:
     return engine_failure_in(cause) if cause is not None and cause is not exc else None
 
 
+def machine_failure(exc: BaseException, spec: str, model: str) -> EngineFailure | None:
+    """The EngineFailure an exception out of the state machine stands for (None: not the
+    engine's failure, so raise it): an engine whose constructor raises, in the machine's first
+    rule, fails the contract's 'engine-builds' with no rules."""
+    if not isinstance(exc, ContractError):
+        return engine_failure_in(exc)
+    violation = Violation("contract", exc.rule, exc.found, exc.expected, evidence=exc.evidence)
+    reproducer = {"engine": spec, "num_draft_tokens": 1, "eos_token_id": None, "pad_token_id": 0, "model": model}
+    return EngineFailure([violation], dict(reproducer, ops=[]))
+
+
 def run_machine(
     spec: str,
     max_examples: int,
@@ -874,19 +885,8 @@ def run_machine(
     try:
         with without_local_constants():
             hseed(seed)(test)()
-    except ContractError as exc:  # the engine's constructor, in the machine's first rule
-        violation = Violation("contract", exc.rule, exc.found, exc.expected, evidence=exc.evidence)
-        reproducer = {
-            "engine": spec,
-            "num_draft_tokens": 1,
-            "eos_token_id": None,
-            "pad_token_id": 0,
-            "model": model,
-            "ops": [],
-        }
-        result.failure = EngineFailure([violation], reproducer)
     except Exception as exc:
-        result.failure = engine_failure_in(exc)
+        result.failure = machine_failure(exc, spec, model)
         if result.failure is None:
             raise
     result.runs = base.tally["runs"]
@@ -978,6 +978,7 @@ __all__ = [
     "ReproducerPasses",
     "Request",
     "event_shares",
+    "machine_failure",
     "machine_for",
     "minimize_ops",
     "replay",

@@ -2,7 +2,8 @@
 
 It only adds `--specaudit-*` options and the `specaudit` marker. Everything else acts on
 tests marked `specaudit` or asking for the `specaudit_decoder` fixture: parametrizing them by
-decoder and model, writing a failing property's shrunk case to disk, and listing the
+decoder and model, writing the shrunk case (or engine rule sequence) a failing property noted on
+its item (`item.stash[FAILURE]`, see `specaudit.reproducer.remember_failure`) to disk, and listing the
 --specaudit-xfails entries no failure matched (under pytest-xdist each worker sends the
 entries it saw matching back to the controller, which lists them). Hypothesis profiles,
 the unprefixed `--decoder`/`--models` and torch's thread setting belong to the conformance
@@ -10,6 +11,8 @@ suite's own conftest (`properties/conftest.py`). No torch is imported here.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -38,14 +41,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="specaudit_out",
         default="specaudit-failures",
         metavar="DIR",
-        help="where a failing property writes its minimal case as a JSON reproducer (default: specaudit-failures)",
+        help="where a failing property (decoder or engine) writes its minimal case as a JSON reproducer "
+        "(default: specaudit-failures)",
     )
     group.addoption(
         "--specaudit-xfails",
         dest="specaudit_xfails",
         default=None,
         metavar="FILE",
-        help="known failures: lines of 'decoder model check rule'; a listed failure is xfail, anything else fails",
+        help="known failures: lines of 'decoder model check rule' (an engine in place of the decoder for the engine "
+        "property); a listed failure is xfail, anything else fails",
     )
 
 
@@ -100,6 +105,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("specaudit_model", model_names(metafunc.config))
 
 
+FAILURE = pytest.StashKey[dict]()
+"""The key of a failing property's record on its item: a decoder's `failure_record` or an
+engine's `engine_failure_record` (a dict with "ops"); the last one noted is the shrunk one."""
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
     """After a property fails, write its shrunk case to --specaudit-out and say where."""
@@ -107,19 +117,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
     report = outcome.get_result()  # type: ignore[attr-defined]
     if report.when != "call" or item.get_closest_marker("specaudit") is None:
         return
-    from specaudit.reproducer import take_failure, write_reproducer
-
-    failure = take_failure()
+    failure = item.stash.get(FAILURE, None)
     if not report.failed or failure is None:
         return
-    path = write_reproducer(item.config.getoption("specaudit_out"), item.nodeid, failure)
+    path = write(item.config.getoption("specaudit_out"), item.name, failure)  # property[decoder-model]
     report.sections.append(("specaudit", f"reproducer written to {path}"))
     failed, tries = replay(failure)
     if failed < tries:  # a verdict of its own: what fails only sometimes cannot be known-failed either
+        what = "engine" if is_engine(failure) else "decoder"
         report.sections.append(
             (
                 "specaudit",
-                f"nondeterministic decoder: the failing case failed again in {failed} of {tries} fresh runs; "
+                f"nondeterministic {what}: the failing case failed again in {failed} of {tries} fresh runs; "
                 f"reproducer {path}",
             )
         )
@@ -130,8 +139,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
         report.wasxfail = f"known failure ({known}); reproducer {path}"
 
 
+def is_engine(failure: dict) -> bool:
+    """An engine property's record (a rule sequence with "ops"), not a decoder's case."""
+    return "ops" in failure
+
+
+def write(directory: str, name: str, failure: dict) -> Path:
+    """The reproducer file of either record: a case file, or an engine reproducer."""
+    from specaudit.reproducer import write_engine_reproducer, write_reproducer
+
+    return (write_engine_reproducer if is_engine(failure) else write_reproducer)(directory, name, failure)
+
+
 def replay(failure: dict, tries: int = 3) -> tuple[int, int]:
-    """How often the failing case fails again, run afresh `tries` times."""
+    """How often the failing case (or rule sequence) fails again, run afresh `tries` times."""
+    if is_engine(failure):
+        from specaudit.reproducer import replay_engine_rules
+
+        return sum(bool(replay_engine_rules(failure)) for _ in range(tries)), tries
     from specaudit.case import Case
     from specaudit.registry import replay_failures
 
@@ -142,12 +167,13 @@ def known_failure(item: pytest.Item, failure: dict) -> str | None:
     """The --specaudit-xfails lines covering every violation of this failure, or None when one is new."""
     known = item.config.stash.get(KNOWN_FAILURES, None)
     params = getattr(getattr(item, "callspec", None), "params", {})
-    decoder, model = params.get("specaudit_decoder", failure["decoder"]), params.get("specaudit_model", "*")
+    subject = params.get("specaudit_decoder") or failure.get("decoder") or failure["engine"]
+    model = params.get("specaudit_model") or failure.get("model") or "*"
     evidence = failure.get("evidence") or []
     if known is None or not evidence:
         return None
     pairs = sorted({(v["check"], v["rule"]) for v in evidence})
-    listed = [known.matches(decoder, model, check, rule) for check, rule in pairs]  # type: ignore[attr-defined]
+    listed = [known.matches(subject, model, check, rule) for check, rule in pairs]  # type: ignore[attr-defined]
     return ", ".join(f"{check} {rule}" for check, rule in pairs) if all(listed) else None
 
 

@@ -4,11 +4,13 @@ A reproducer `DIR/<name>.json` is a case file (the case fields at top level, rep
 `specaudit replay` and minimizable with `specaudit minimize`) plus the decoder and the
 evidence it produced. With it, `DIR/test_regression_<name>.py` embeds the case in a
 self-contained pytest file. The audit, the gate, `specaudit minimize`, real-model mode and
-the pytest plugin all write through here.
+the pytest plugin all write through here. A failing property notes its record on its own pytest
+item (`remember_failure`, `remember_engine_failure`), where the plugin finds it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pprint
 import re
@@ -27,30 +29,45 @@ from specaudit.violation import Violation, render
 EVIDENCE_LIMIT = 20
 """Violations kept in a reproducer: the first ones name the bug; the rest repeat it."""
 
-_last: dict[str, Any] = {}
-
 
 def failure_record(case: Case, decoder: str, violations: list[Violation] | tuple[Violation, ...]) -> dict[str, Any]:
     """What a reproducer holds: the case's JSON form, the decoder and the first violations."""
     return {"case": case.to_json(), "decoder": decoder, "evidence": [asdict(v) for v in violations[:EVIDENCE_LIMIT]]}
 
 
-def remember_failure(run: Run, violations: list[Violation]) -> None:
-    """Note the latest failing run; Hypothesis replays the minimal example last, so the note a
-    failed test ends with is its shrunk counterexample."""
-    _last.clear()
-    _last.update(failure_record(run.case, run.decoder, violations))
+def note_on_item(node: Any, record: dict[str, Any]) -> None:
+    """Keep `record` on the pytest item (`request.node`), replacing any earlier one: Hypothesis
+    replays the minimal example last, so the record a failed test ends with is its shrunk
+    counterexample. On the item, not in a global, so no test can pick up another's failure."""
+    from specaudit.pytest_plugin import FAILURE
+
+    node.stash[FAILURE] = record
 
 
-def take_failure() -> dict[str, Any] | None:
-    failure = dict(_last) or None
-    _last.clear()
-    return failure
+def remember_failure(run: Run, violations: list[Violation], node: Any = None) -> None:
+    """Note a failing run on its pytest item for the plugin (--specaudit-out, --specaudit-xfails).
+    Without `node` (regression tests written before failures travelled on the item) nothing is
+    noted: the test still fails, only no reproducer is written."""
+    if node is not None:
+        note_on_item(node, failure_record(run.case, run.decoder, violations))
+
+
+def remember_engine_failure(reproducer: dict[str, Any], violations: list[Violation], node: Any) -> None:
+    """Note a failing engine rule sequence on its pytest item, as the engine reproducer
+    `specaudit replay FILE --engine X` reads (`engine_failure_record`)."""
+    note_on_item(node, engine_failure_record(reproducer, violations))
+
+
+IDENTIFIER_LIMIT = 100
 
 
 def identifier(text: str) -> str:
-    """`text` as a file-name and Python-identifier fragment: runs of other characters become one `_`."""
-    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:100]
+    """`text` as a file-name and Python-identifier fragment: runs of other characters become one `_`.
+    A longer one is cut with a hash of the whole text appended, so two long names that share a
+    start (two engines of one module) do not overwrite each other's reproducer."""
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
+    if len(name) > IDENTIFIER_LIMIT:
+        name = f"{name[: IDENTIFIER_LIMIT - 9]}_{hashlib.sha256(text.encode()).hexdigest()[:8]}"
     return name or "case"
 
 
@@ -91,13 +108,13 @@ pytestmark = pytest.mark.specaudit
 CASE = {case}
 
 
-def test_regression_{name}(specaudit_decoder: str) -> None:
+def test_regression_{name}(specaudit_decoder: str, request: pytest.FixtureRequest) -> None:
     """The minimized case passes every check of the registry (specaudit.registry.CHECKS)."""
     case = Case.from_json(CASE)
     run = run_case(specaudit_decoder, case)
     violations = all_violations(run)
     if violations:
-        remember_failure(run, violations)  # the plugin writes it to --specaudit-out
+        remember_failure(run, violations, request.node)  # the plugin writes it to --specaudit-out
     assert violations == [], explain(run, violations)
 '''
 
@@ -238,6 +255,7 @@ import os
 import pytest
 
 from specaudit.engine_machine import replay
+from specaudit.reproducer import remember_engine_failure
 from specaudit.violation import render
 
 pytestmark = pytest.mark.specaudit
@@ -245,10 +263,12 @@ pytestmark = pytest.mark.specaudit
 REPRODUCER = {reproducer}
 
 
-def test_regression_{name}() -> None:
+def test_regression_{name}(request: pytest.FixtureRequest) -> None:
     """The engine passes every check of the engine state machine on these rules."""
     engine = os.environ.get("SPECAUDIT_ENGINE") or REPRODUCER["engine"]
     violations = replay(dict(REPRODUCER, engine=engine))
+    if violations:
+        remember_engine_failure(dict(REPRODUCER, engine=engine), violations, request.node)  # for --specaudit-out
     assert violations == [], f"{{engine}} after {{len(REPRODUCER['ops'])}} rules:\\n{{render(violations)}}"
 '''
 
@@ -271,6 +291,14 @@ def engine_regression_test_source(
     )
 
 
+def write_engine_reproducer(directory: Path, name: str, record: dict[str, Any]) -> Path:
+    """`DIR/<name>.json` from an `engine_failure_record`, replayable with `specaudit replay FILE --engine X`."""
+    path = Path(directory) / f"{identifier(name)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
 def write_engine_failure(
     directory: Path,
     name: str,
@@ -283,10 +311,7 @@ def write_engine_failure(
     """`DIR/<name>.json` (replayable with `specaudit replay FILE --engine X`) and, with `test`,
     `DIR/test_regression_<name>.py`; returns the paths written."""
     name = identifier(name)
-    path = Path(directory) / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(engine_failure_record(reproducer, violations), indent=1) + "\n")
-    paths = [path]
+    paths = [write_engine_reproducer(directory, name, engine_failure_record(reproducer, violations))]
     if test:
         test_path = Path(directory) / f"test_regression_{name}.py"
         test_path.write_text(engine_regression_test_source(reproducer, violations, name, summary))

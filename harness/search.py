@@ -44,6 +44,13 @@ class _Failed(Exception):
         self.case = case
 
 
+class _BudgetSpent(BaseException):
+    """Ends Hypothesis's shrinker once the shrink budget is spent. Left alone, it would go on
+    trying candidates that now pass unrun, for up to its own five-minute limit on long cases
+    (most of a slow planted bug's time, and a wall-clock bound that made the result depend on
+    the machine's speed). A BaseException, so Hypothesis does not take it for a failure."""
+
+
 def search(
     spec: str,
     model: str,
@@ -62,14 +69,15 @@ def search(
     A case fails when it has a violation that `counts` (default: any violation; the gate
     passes "not a known failure", so a known failure never stops the search and a new one
     cannot hide behind it). `on_run` sees every run up to and including the first failure.
-    After the first failure the shrinker gets `shrink_budget` more decoder runs; past that,
-    untried cases count as passing (failures already seen still fail, so replays stay
-    reliable), and the smallest failure found is delta-debugged with up to `minimize_budget`
-    more runs, keeping a violation that counts.
+    After the first failure the shrinker gets `shrink_budget` more decoder runs (replays of
+    failures already seen are free); then it stops, and the smallest failure found (the
+    shrinker's latest: it only moves to smaller ones) is delta-debugged with up to
+    `minimize_budget` more runs, keeping a violation that counts.
     """
     factory = factory or load_decoder(spec)
     result = SearchResult()
     failing: set[Case] = set()
+    latest: list[Case] = []  # the last failing case run: the shrinker's current smallest
     start = time.perf_counter()
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
 
@@ -88,9 +96,9 @@ def search(
     def prop(data: st.DataObject) -> None:
         case = data.draw(cases(model), label="case")
         if result.seconds_to_first is not None and case not in failing:
+            if result.shrink_runs >= shrink_budget:
+                raise _BudgetSpent
             result.shrink_runs += 1
-            if result.shrink_runs > shrink_budget:
-                return
         run = run_case(spec, case, factory=factory)
         if result.seconds_to_first is None:
             result.examples += 1
@@ -100,6 +108,7 @@ def search(
             if result.seconds_to_first is None:
                 result.seconds_to_first = time.perf_counter() - start
             failing.add(case)
+            latest[:] = [case]
             raise _Failed(case)
 
     try:
@@ -107,6 +116,8 @@ def search(
             prop()
     except _Failed as failed:  # Hypothesis re-raises the minimal case's failure last
         result.minimal = failed.case
+    except _BudgetSpent:
+        result.minimal = latest[0]
     if result.minimal is not None and minimize_budget > 0:
         result.minimal = minimize_case(spec, result.minimal, factory, budget=minimize_budget, counts=counts).case
     result.seconds = time.perf_counter() - start

@@ -1,7 +1,8 @@
 """The conformance suite: one property per check of the registry (`specaudit.registry`), run
 for every decoder under test (`--decoder module:attr`, default: the reference decoders) on
 every built-in model. Each property states its check's sentence and calls that check by name;
-the decoder contract is part of every property."""
+the decoder contract is part of every property. A failing example is noted on the property's own
+pytest item (`request.node`), where the plugin finds the shrunk one to write and to xfail."""
 
 from __future__ import annotations
 
@@ -37,9 +38,10 @@ def run_drawn(specaudit_decoder: str, specaudit_model: str, data: st.DataObject)
     return cached_run(specaudit_decoder, data.draw(cases(specaudit_model), label="case"))
 
 
-def assert_check(name: str, run: Run) -> None:
-    """The contract, then check `name`: a violation fails; a check the decoder cannot be judged
-    by skips the test, one this case does not allow is noted as a Hypothesis event."""
+def assert_check(name: str, run: Run, request: pytest.FixtureRequest) -> None:
+    """The contract, then check `name`: a violation fails (noted on the test's item for the
+    plugin); a check the decoder cannot be judged by skips the test, one this case does not
+    allow is noted as a Hypothesis event."""
     outcome = judge("contract", run)
     if not outcome.violations:
         outcome = judge(name, run)
@@ -51,53 +53,69 @@ def assert_check(name: str, run: Run) -> None:
         return
     violations = list(outcome.violations)
     if violations:
-        remember_failure(run, violations)
+        remember_failure(run, violations, request.node)
     assert not violations, explain(run, violations)
 
 
 @conformance("contract")
 @given(data=st.data())
-def test_decoder_contract(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
-    assert_check("contract", run_drawn(specaudit_decoder, specaudit_model, data))
+def test_decoder_contract(
+    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
+) -> None:
+    assert_check("contract", run_drawn(specaudit_decoder, specaudit_model, data), request)
 
 
 @conformance("I1")
 @given(data=st.data())
-def test_i1_rectangular_alignment(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
-    assert_check("I1", run_drawn(specaudit_decoder, specaudit_model, data))
+def test_i1_rectangular_alignment(
+    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
+) -> None:
+    assert_check("I1", run_drawn(specaudit_decoder, specaudit_model, data), request)
 
 
 @conformance("I2")
 @given(data=st.data())
-def test_i2_position_kv_correspondence(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
-    assert_check("I2", run_drawn(specaudit_decoder, specaudit_model, data))
+def test_i2_position_kv_correspondence(
+    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
+) -> None:
+    assert_check("I2", run_drawn(specaudit_decoder, specaudit_model, data), request)
 
 
 @conformance("equivalence")
 @given(data=st.data())
-def test_output_equivalence(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
-    assert_check("equivalence", run_drawn(specaudit_decoder, specaudit_model, data))
+def test_output_equivalence(
+    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
+) -> None:
+    assert_check("equivalence", run_drawn(specaudit_decoder, specaudit_model, data), request)
 
 
 @conformance("token-preservation")
 @given(data=st.data())
-def test_token_preservation(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
-    assert_check("token-preservation", run_drawn(specaudit_decoder, specaudit_model, data))
+def test_token_preservation(
+    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
+) -> None:
+    assert_check("token-preservation", run_drawn(specaudit_decoder, specaudit_model, data), request)
 
 
 @conformance("liveness")
 @given(data=st.data())
-def test_liveness(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
-    assert_check("liveness", run_drawn(specaudit_decoder, specaudit_model, data))
+def test_liveness(
+    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
+) -> None:
+    assert_check("liveness", run_drawn(specaudit_decoder, specaudit_model, data), request)
 
 
 @conformance("grouped-no-realignment")
 @given(data=st.data())
-def test_grouped_batches_need_no_realignment(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
-    assert_check("grouped-no-realignment", run_drawn(specaudit_decoder, specaudit_model, data))
+def test_grouped_batches_need_no_realignment(
+    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
+) -> None:
+    assert_check("grouped-no-realignment", run_drawn(specaudit_decoder, specaudit_model, data), request)
 
 
 @conformance("order-independence")
 @given(data=st.data())
-def test_order_independence(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> None:
-    assert_check("order-independence", run_drawn(specaudit_decoder, specaudit_model, data))
+def test_order_independence(
+    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
+) -> None:
+    assert_check("order-independence", run_drawn(specaudit_decoder, specaudit_model, data), request)

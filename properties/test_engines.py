@@ -13,7 +13,8 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from specaudit.engine import EngineLoadError, load_engine
-from specaudit.engine_machine import event_shares, machine_for, machine_settings
+from specaudit.engine_machine import event_shares, machine_failure, machine_for, machine_settings
+from specaudit.reproducer import remember_engine_failure
 
 pytestmark = pytest.mark.specaudit
 
@@ -21,7 +22,9 @@ ENGINE_STEPS = 12
 """Rules per generated run (the drain at the end adds the steps it takes to finish)."""
 
 
-def test_engine_matches_oracle_at_every_step(engine_spec: str, specaudit_model: str, record_property: Any) -> None:
+def test_engine_matches_oracle_at_every_step(
+    engine_spec: str, specaudit_model: str, record_property: Any, request: pytest.FixtureRequest
+) -> None:
     """After every step, every target forward keeps I1 and I2 with rows bound to live requests, every
     request's tokens are a prefix of its oracle output (equal once finished), aborted requests stay
     silent, and no request waits longer than the engine's declared max_wait_steps."""
@@ -32,6 +35,11 @@ def test_engine_matches_oracle_at_every_step(engine_spec: str, specaudit_model: 
     machine = machine_for(engine_spec, specaudit_model)
     try:
         run_state_machine_as_test(machine, settings=machine_settings(settings.default.max_examples, ENGINE_STEPS))
+    except Exception as exc:  # what Hypothesis raises last is the shrunk rule sequence's failure
+        failure = machine_failure(exc, engine_spec, specaudit_model)
+        if failure is not None:  # the plugin writes it to --specaudit-out and applies --specaudit-xfails
+            remember_engine_failure(failure.reproducer, failure.violations, request.node)
+        raise
     finally:
         shares = event_shares(machine)
         for what, share in shares.items():

@@ -7,6 +7,12 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from hypothesis import settings
+
+# Torch calls outlast Hypothesis's 200 ms default deadline on a loaded machine; a test that runs a
+# suite property (decorated without settings of its own) gets none, as it would under the suite.
+settings.register_profile("specaudit-tests", deadline=None)
+settings.load_profile("specaudit-tests")
 
 
 @pytest.fixture(autouse=True)

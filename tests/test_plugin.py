@@ -19,6 +19,7 @@ from specaudit.models import DEFAULT_DECODERS, MODELS
 PROPERTIES = Path(__file__).resolve().parents[1] / "properties"
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 MUTANT = "specaudit.reference.mutants:rejected_kv_attended"
+FREE_LIST = "specaudit.reference.engine_mutants:FreeListOffByOne"  # a planted engine bug, caught in about a second
 
 SMALL = """
 import pytest
@@ -260,6 +261,47 @@ def test_known_failures_file_turns_listed_failures_into_xfail(
     only_i1 = pytester.makefile(".txt", partial=f"{MUTANT} transparent I1 *\n")
     result = run_properties(pytester, "--decoder", MUTANT, "--specaudit-xfails", str(only_i1))
     assert result.ret == 1 and result.parseoutcomes().get("failed", 0) >= 1
+
+
+def run_engine_property(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """The engine property alone on the planted FreeListOffByOne, transparent model, seed 0."""
+    return run_properties(pytester, "-k", "test_engine_matches_oracle", "--engine", FREE_LIST, *args)
+
+
+def test_failing_engine_property_writes_a_replayable_reproducer(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failing engine property writes its shrunk rule sequence to --specaudit-out; `specaudit
+    replay FILE --engine SPEC` fails it again with the same check and rule."""
+    from specaudit.cli import main
+
+    monkeypatch.delenv("CI", raising=False)
+    out = pytester.path / "repro"
+    result = run_engine_property(pytester, "--specaudit-out", str(out))
+    assert result.ret == 1 and result.parseoutcomes().get("failed") == 1, output(result)
+    written = sorted(out.glob("*.json")) if out.is_dir() else []
+    assert len(written) == 1 and "FreeListOffBy" in written[0].name, f"{out} holds {written}, should hold one"
+    assert f"reproducer written to {written[0]}" in result.stdout.str(), output(result)
+    record = json.loads(written[0].read_text())
+    assert record["engine"] == FREE_LIST and record["model"] == "transparent" and record["ops"], record
+    capsys.readouterr()
+    assert main(["replay", str(written[0]), "--engine", FREE_LIST, "--json"]) == 1, "the replay should fail"
+    replayed = json.loads(capsys.readouterr().out)
+    found, expected = (replayed["first_check"], replayed["rule"]), (record["first_check"], record["rule"])
+    assert found == expected, f"replay of {written[0]} failed {found}, the property {expected}"
+
+
+def test_known_engine_failure_is_xfail(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An xfails line `ENGINE MODEL CHECK RULE` covering the engine property's failure makes it xfail
+    (exit 0), like a decoder's; a line for another rule leaves it failing."""
+    monkeypatch.delenv("CI", raising=False)
+    listed = pytester.makefile(".txt", known=f"{FREE_LIST} transparent contract has-unfinished\n")
+    result = run_engine_property(pytester, "--specaudit-xfails", str(listed), "-rx")
+    assert result.ret == 0 and result.parseoutcomes().get("xfailed") == 1, output(result)
+    result.stdout.fnmatch_lines(["*known failure (contract has-unfinished); reproducer *"])
+    other = pytester.makefile(".txt", other=f"{FREE_LIST} transparent I2 *\n")
+    result = run_engine_property(pytester, "--specaudit-xfails", str(other))
+    assert result.ret == 1 and result.parseoutcomes().get("failed") == 1, output(result)
 
 
 def test_malformed_known_failures_file_is_a_usage_error(small: pytest.Pytester) -> None:

@@ -168,11 +168,11 @@ pytestmark = pytest.mark.specaudit
 CASE = Case(((3, 4, 5), (6, 7)), ("1101", "0110"), 2, 4, None, 0)
 
 
-def test_outputs(specaudit_decoder: str, specaudit_model: str) -> None:
+def test_outputs(specaudit_decoder: str, specaudit_model: str, request: pytest.FixtureRequest) -> None:
     run = run_case(specaudit_decoder, CASE)
     violations = all_violations(run)
     if violations:
-        remember_failure(run, violations)
+        remember_failure(run, violations, request.node)
     assert not violations, violations[0].render()
 """
 
