@@ -40,13 +40,20 @@ from specaudit.reference.mutants import CATALOG
 from specaudit.registry import FAIL, NOT_APPLICABLE, Evaluation, evaluate
 from specaudit.reproducer import EVIDENCE_LIMIT, write_engine_failure, write_failure
 from specaudit.runner import Run, run_case
-from specaudit.search import search
+from specaudit.search import MINIMIZE_BUDGET, SHRINK_BUDGET, search
 from specaudit.settings import AuditSettings
 from specaudit.violation import Violation, render
 from specaudit.xfails import KnownFailures
 
 PLANTED_BUG_EXAMPLES = 300
 """Search budget for a planted bug: the search stops at its first failure, so this is a bound."""
+
+PLANTED_SHRINK_BUDGET = 30
+"""Hypothesis shrink runs for a planted bug (a decoder under test gets the search's 150). Its
+shrinker costs far more than the runs on the long cases some bugs are first caught on; with
+delta debugging after it every planted bug still shrinks to the rows its catalog entry
+expects (one, two when it needs a batch), 22 of 31 to the very case 150 runs give, at a third
+of the time (bench/results/audit_time.md)."""
 
 STATUS_RANK = {"n/a": 0, "pass": 1, "xfail": 2, "fail": 3}
 """Aggregation over runs: the highest rank seen wins (one failing run fails the check)."""
@@ -185,10 +192,12 @@ def audit_model(
     progress: Progress | None = None,
     expect_failure: bool = False,
     known: KnownFailures | None = None,
+    shrink_budget: int = SHRINK_BUDGET,
+    minimize_budget: int = MINIMIZE_BUDGET,
 ) -> Verdict:
     """Every check on up to `examples` generated cases; the first failure that is not a known
-    one is shrunk and diagnosed. The first case also runs without hooks, to measure the
-    instrumentation's cost."""
+    one is shrunk (within the two budgets, see `specaudit.search`) and diagnosed. The first
+    case also runs without hooks, to measure the instrumentation's cost."""
     factory = load_decoder(spec)
     verdict = Verdict(spec, model, expect_failure)
     known = known or KnownFailures()
@@ -206,7 +215,15 @@ def audit_model(
             progress.tick(f"{spec} on {model}: {verdict.examples} cases")
 
     result = search(
-        spec, model, max_examples=examples, seed=seed, factory=factory, on_run=on_run, counts=lambda v: not is_known(v)
+        spec,
+        model,
+        max_examples=examples,
+        seed=seed,
+        factory=factory,
+        shrink_budget=shrink_budget,
+        minimize_budget=minimize_budget,
+        on_run=on_run,
+        counts=lambda v: not is_known(v),
     )
     if result.minimal is not None:
         verdict.diagnosis = diagnose(run_case(spec, result.minimal, factory=factory))
@@ -489,14 +506,16 @@ class Item:
     seed: int
     engine: bool = False
     known: KnownFailures = field(default_factory=KnownFailures)
+    shrink_budget: int = SHRINK_BUDGET
 
 
 def audit_items(settings: AuditSettings) -> list[Item]:
-    """The decoder plan, then the engine plan, with each item's search budget."""
-    items = []
+    """The decoder plan, then the engine plan, with each item's search budgets."""
+    items, known = [], settings.xfails
     for spec, expect_failure, model in audit_plan(settings):
         budget = max(settings.examples, PLANTED_BUG_EXAMPLES) if expect_failure else settings.examples
-        items.append(Item(spec, model, expect_failure, budget, settings.seed, known=settings.xfails))
+        shrink = PLANTED_SHRINK_BUDGET if expect_failure else SHRINK_BUDGET
+        items.append(Item(spec, model, expect_failure, budget, settings.seed, known=known, shrink_budget=shrink))
     for spec, expect_failure, model in engine_plan(settings):
         budget = max(settings.examples, PLANTED_ENGINE_EXAMPLES) if expect_failure else settings.examples
         items.append(Item(spec, model, expect_failure, budget, settings.seed, engine=True))
@@ -520,16 +539,19 @@ def run_item(item: Item, progress: Progress | None = None) -> tuple[Verdict | En
         progress=progress,
         expect_failure=item.expect_failure,
         known=item.known,
+        shrink_budget=item.shrink_budget,
     )
     return decoder, sorted(item.known.used)
 
 
-ITEM_COST = {"transparent": 1.0, "llama": 3.0, "qwen3": 4.0, "gpt2": 4.0}
-"""Relative cost of an item by model (measured: bench/results/audit_time.md), so the slow ones start first."""
+MODEL_COST = {"transparent": 1.0}
+"""Rough cost of an item by model, so that the slow ones start first and no worker is left with
+a long one at the end: the tiny real models cost about 5x the transparent one, an engine about a
+tenth of a decoder (bench/results/audit_time.md). Only the start order depends on it."""
 
 
 def item_cost(item: Item) -> float:
-    return ITEM_COST.get(item.model, 1.0) * (0.5 if item.expect_failure else 1.0)
+    return MODEL_COST.get(item.model, 5.0) / (10.0 if item.engine else 1.0)
 
 
 def run_items(items: list[Item], settings: AuditSettings) -> list[Verdict | EngineVerdict]:

@@ -25,6 +25,11 @@ from specaudit.runner import Run, run_case
 from specaudit.strategies import cases
 from specaudit.violation import Violation
 
+SHRINK_BUDGET = 150
+"""Decoder runs Hypothesis's shrinker may make after the first failure."""
+MINIMIZE_BUDGET = 150
+"""Decoder runs delta debugging may make on the shrunk case."""
+
 
 @dataclass
 class SearchResult:
@@ -59,8 +64,8 @@ def search(
     seed: int,
     factory: Any = None,
     shrink: bool = True,
-    shrink_budget: int = 150,
-    minimize_budget: int = 150,
+    shrink_budget: int = SHRINK_BUDGET,
+    minimize_budget: int = MINIMIZE_BUDGET,
     on_run: Callable[[Run], None] | None = None,
     counts: Callable[[Violation], bool] | None = None,
 ) -> SearchResult:
