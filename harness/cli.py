@@ -272,7 +272,12 @@ def add_audit(sub: argparse._SubParsersAction) -> None:
     real.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default 64)")
     real.add_argument("--num-draft-tokens", type=int, help="K, drafts per round (default 4)")
     real.add_argument("--max-prompts", type=int, metavar="N", help="use the first N prompts only")
-    real.add_argument("--timeout", type=float, metavar="S", help="seconds per decoder call (default 600)")
+    real.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="seconds a decoder call may go without a forward of the models (default 600)",
+    )
     audit.set_defaults(func=cmd_audit)
 
 
