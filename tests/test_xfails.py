@@ -5,6 +5,7 @@ suite (under pytest-xdist too), without changing the exit status."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,22 +37,25 @@ def load_error(tmp_path: Path, *lines: str) -> str:
 # Validation on load
 
 
-def test_valid_entries_load(tmp_path: Path) -> None:
-    """Full names, `*` in any field, partial wildcards that match a known name, comments."""
-    known = load_xfails(
-        write(
-            tmp_path,
-            "# decoder model check rule",
-            "specaudit.reference.eqspec:EqSpec gpt2 I2 row-identity  # the row-binding false alarm",
-            "specaudit.reference.mutants:* transparent * *",
-            "* * I* *",
-            "*mutants* llama I2 attends-*",
-            "tests.decoders.wrong_token:WrongLastToken transparent equivalence first-divergence",
-            "specaudit.reference.engines:EqSpecEngine qwen3 contract has-unfinished",
-            "",
-        )
-    )
-    assert [e.source for e in known.entries] == [f"{tmp_path / 'known.txt'}:{n}" for n in range(2, 8)]
+VALID = (
+    "# decoder model check rule",
+    "specaudit.reference.eqspec:EqSpec gpt2 I2 row-identity  # the row-binding false alarm",
+    "specaudit.reference.mutants:* transparent * *",
+    "* * I* *",
+    "*mutants* llama I2 attends-*",
+    "tests.decoders.wrong_token:WrongLastToken transparent equivalence first-divergence",
+    "specaudit.reference.engines:EqSpecEngine qwen3 contract has-unfinished",
+    "",
+)
+
+
+def test_valid_entries_load_and_start_unused(tmp_path: Path) -> None:
+    """Full names, `*` in any field, partial wildcards that match a known name, comments: each
+    entry loads, and until something matches it each is listed as matching nothing."""
+    path = write(tmp_path, *VALID)
+    lines = load_xfails(path).unused_lines()
+    assert [line.split(": entry")[0] for line in lines] == [f"{path}:{n}" for n in range(2, 8)], lines
+    assert lines[1] == f"{path}:3: entry matched no failure (specaudit.reference.mutants:* transparent * *)"
 
 
 @pytest.mark.parametrize(
@@ -78,9 +82,14 @@ def test_unknown_names_are_usage_errors(tmp_path: Path, line: str, found: str, s
     assert found in message and should in message and "\n" not in message, message
 
 
-def test_loading_stays_torch_free() -> None:
+def test_validation_stays_torch_free(tmp_path: Path) -> None:
     """The CLI and the plugin validate a file before anything heavy is imported."""
-    code = "import sys, specaudit.xfails; sys.exit('torch' in sys.modules)"
+    path = write(tmp_path, "* * I-2 *")
+    code = (
+        "import sys\nfrom specaudit.errors import UsageError\nfrom specaudit.xfails import load_xfails\n"
+        f"try:\n    load_xfails({str(path)!r})\nexcept UsageError:\n    sys.exit('torch' in sys.modules)\n"
+        "sys.exit(2)"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
@@ -180,7 +189,8 @@ def test_outputs(specaudit_decoder: str, specaudit_model: str, request: pytest.F
 @pytest.fixture
 def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     monkeypatch.delenv("CI", raising=False)
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    paths = [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))  # the test decoders in tests/decoders
     pytester.makepyfile(test_suite=SUITE)
     return pytester
 
