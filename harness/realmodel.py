@@ -43,7 +43,7 @@ from specaudit.fixtures.pairs import DTYPES
 from specaudit.fixtures.transparent import RequestScript
 from specaudit.loading import RealModelError, special_ids, tokenize
 from specaudit.reference.oracle import OracleResult, greedy_oracle
-from specaudit.runner import Run, guarded_call
+from specaudit.runner import Run, guarded_call, synchronize
 from specaudit.settings import DEFAULT_CHECK_RATE
 
 # ---------------------------------------------------------------------------------------
@@ -75,11 +75,6 @@ def make_sampler(seed: int, batch: int, rate: float) -> Callable[[int], bool]:
         return index == block["chosen"]
 
     return sample
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -232,12 +227,12 @@ def oracle_for(
     out = []
     for prompt in case.prompts:
         if prompt not in memo or (keep_kv and memo[prompt].kv is None):
-            _sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             memo[prompt] = greedy_oracle(
                 target, prompt, max_new_tokens=case.max_new_tokens, eos_token_id=case.eos_token_id, keep_kv=keep_kv
             )
-            _sync(device)
+            synchronize(device)
             spent += time.perf_counter() - t0
         out.append(memo[prompt])
     return out, spent
@@ -250,7 +245,7 @@ def timed_call(
     synchronized, under the same contract guard as every run: (outputs or None, the
     ContractError or None, seconds, the decoder)."""
     guard = guarded_call(
-        (decoder_spec, factory), factory, target, draft, case, Watchdog(timeout_s), False, device=model_device(target)
+        decoder_spec, factory, target, draft, case, Watchdog(timeout_s), False, device=model_device(target)
     )
     return guard.outputs, guard.error, guard.seconds, guard.decoder
 
@@ -281,7 +276,7 @@ def run_batch(
     if baseline:  # a contract breach here is reported by the instrumented run below
         baseline_outputs, _, baseline_seconds, _ = timed_call(decoder_spec, factory, target, draft, case, timeout_s)
     guard = guarded_call(
-        (decoder_spec, factory),
+        decoder_spec,
         factory,
         target,
         draft,

@@ -160,7 +160,7 @@ def run_case(
     draft = draft_model(case.model, case.draft, scripts, case.dtype)
     limit = idle_limit(case) if timeout_s is None else timeout_s
     guard = guarded_call(
-        (decoder_spec, factory),
+        decoder_spec,
         factory,
         target,
         draft,
@@ -195,7 +195,7 @@ class Guarded:
 
 
 def guarded_call(
-    owner: Any,
+    spec: str,
     factory: Any,
     target: torch.nn.Module,
     draft: torch.nn.Module,
@@ -209,8 +209,8 @@ def guarded_call(
     runs a decoder (built-in and real models alike): the decoder's own rules and the watchdog,
     then, whether it failed or not, the side-effect guard (hooks left behind are removed, a
     changed built-in model is rebuilt) and, when instrumented, the observation rules
-    ('unobserved-forward', 'unsupported-input'). `owner` names the decoder for `still_running`;
-    `device` is synchronized around the timed call."""
+    ('unobserved-forward', 'unsupported-input'). `device` is synchronized around the timed call."""
+    owner = (spec, factory)  # the decoder, for `still_running`
     busy = still_running(owner)
     if busy is not None:
         error = ContractError(
@@ -219,17 +219,15 @@ def guarded_call(
             evidence={"still_running": True},
         )
         return Guarded(None, error, Recording(), 0.0, None)
-    decoder = instantiate(factory, str(owner[0] if isinstance(owner, tuple) else owner))
+    decoder = instantiate(factory, spec)
     input_ids, attention_mask = case.batch()  # [B, T] each
     if device is not None:
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     watched_models = watch_models(target, draft)
     outputs, error = None, None
     with instrument(target, draft, sample or every_call) if instrumented else nullcontext(Recording()) as recording:
-        if instrumented:
-            watchdog = replace(watchdog, progress=lambda: progress(recording), owner=owner, what=repr(case))
-        else:
-            watchdog = replace(watchdog, owner=owner, what=repr(case))
+        watch = (lambda: progress(recording)) if instrumented else None  # un-instrumented: nothing to read
+        watchdog = replace(watchdog, progress=watch, owner=owner, what=repr(case))
         synchronize(device)
         start = time.perf_counter()
         try:
@@ -251,10 +249,7 @@ def guarded_call(
         synchronize(device)
         seconds = time.perf_counter() - start
     changed = models_breach(watched_models, target, draft)  # always: it also repairs the models
-    if instrumented:
-        error = breach(recording) or error or changed
-    else:
-        error = error or changed
+    error = breach(recording) or error or changed  # an un-instrumented recording is empty: no breach
     return Guarded(None if error is not None else outputs, error, recording, seconds, decoder)
 
 

@@ -691,7 +691,11 @@ class RowFollower:
             return fault, False, stream
         return self.input_fault(row, sequence, check_token=not fresh and not chunk), chunk and not fresh, stream
 
-    def slot_fault(self, rule: str, row: Row, index: int, sequence: tuple[int, ...], other: int | None) -> Fault:
+    def slot_fault(
+        self, rule: str, row: Row, index: int, sequence: tuple[int, ...], other: int | None, input: int | None = None
+    ) -> Fault:
+        """The fault of stream entry `index` against the request's entry there (`input`: its
+        index among the call's current inputs, when it is one)."""
         inside = index < len(sequence)
         return Fault(
             rule,
@@ -704,6 +708,7 @@ class RowFollower:
             sequence[index] if inside else None,
             index if inside else None,
             other,
+            input=input,
         )
 
     def input_fault(self, row: Row, sequence: tuple[int, ...], check_token: bool) -> Fault | None:
@@ -730,19 +735,7 @@ class RowFollower:
         if history is not None:
             return history
         if check_token and row.length > m and row.tokens[m] != sequence[m]:
-            return Fault(
-                "input-token",
-                row.call.index,
-                row.row,
-                row.request,
-                row.slots[m],
-                row.tokens[m],
-                row.positions[m],
-                sequence[m],
-                m,
-                self.pending_of(row.tokens[m], row.request),
-                input=0,
-            )
+            return self.slot_fault("input-token", row, m, sequence, self.pending_of(row.tokens[m], row.request), 0)
         return None
 
     def history_fault(self, row: Row, sequence: tuple[int, ...]) -> Fault | None:
@@ -759,19 +752,7 @@ class RowFollower:
             (q for q, s in enumerate(self.sequences) if q != row.request and s[: j + 1] == tuple(row.tokens[: j + 1])),
             None,
         )
-        return Fault(
-            "history-token",
-            row.call.index,
-            row.row,
-            row.request,
-            row.slots[j],
-            row.tokens[j],
-            row.positions[j],
-            sequence[j],
-            j,
-            other,
-            input=j,
-        )
+        return self.slot_fault("history-token", row, j, sequence, other, j)
 
     def pending_of(self, token: int, request: int) -> int | None:
         """Another running request whose next token this is (rows mixed up), if any."""
