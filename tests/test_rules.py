@@ -23,7 +23,11 @@ from specaudit.rules import CHECK_NAMES, CHECK_RULES
 HARNESS = Path(specaudit.__file__).parent
 EMITTERS = {"Fault": "I2", "ContractError": "contract", "engine_error": "contract", "contract_violation": "contract"}
 """Callables whose first argument is a rule of a fixed check."""
-LOCAL_EMITTERS = {("checks/i1.py", "bad"): "I1", ("engine_machine.py", "bad"): "I2"}
+LOCAL_EMITTERS = {
+    ("checks/i1.py", "bad"): "I1",
+    ("checks/rows.py", "slot_fault"): "I2",
+    ("engine_machine.py", "bad"): "I2",
+}
 RULE_VARIABLES = {"checks/i1.py": "I1", "checks/rows.py": "I2", "engine_machine.py": "I2"}
 """Modules whose `rule = ...` assignments hold rules of one check."""
 
