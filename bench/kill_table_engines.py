@@ -6,9 +6,11 @@ engine state machine (`specaudit.engine_machine.run_machine`: the `ci` profile's
 most 12 rules, plus the drain) until the first failure, let Hypothesis shrink it, then
 delta-debug the shrunk rules (`minimize_ops`). Records per bug: median runs and rules to the
 first failure, the first failing run's length, median and slowest seconds to it, the shrunk
-rule-sequence length (Hypothesis; then after ddmin), the first check and rule, and the whole
-run's time. The reference engines get a row each too: their wall time for the same budget and
-the share of runs with an admission into a batch with ragged acceptance.
+rule-sequence length (Hypothesis; then after ddmin), the first check and rule, the signature
+the engine diagnosis derives (against the catalog's), and the whole run's time. The reference
+engines get a row each too: their wall time for the same budget and the shares of runs with
+an admission into a batch with ragged acceptance and with a duplicate prompt among concurrent
+requests.
 
 Writes the "Engine bugs" section of bench/results/kill_table.md (the decoder section above it is
 kept) and the rows with "kind": "engine" of kill_table.json (the decoder rows are kept).
@@ -28,7 +30,8 @@ from typing import Any
 
 import torch
 
-from specaudit.engine_machine import DEFAULT_ENGINES, MachineRun, minimize_ops, run_machine
+from specaudit.ddmin import minimize_ops
+from specaudit.engine_machine import DEFAULT_ENGINES, MachineRun, diagnose_engine, run_machine
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
 
 RESULTS = Path(__file__).parent / "results"
@@ -36,6 +39,7 @@ SECTION = "## Engine bugs (continuous batching: the engine state machine)"
 """The heading of the engine section in kill_table.md; bench/kill_table.py keeps it when it rewrites."""
 STEPS = 12
 RAGGED = "admission into a batch with ragged acceptance"
+DUPLICATE = "duplicate prompt among concurrent requests"
 
 
 def kill_engine(name: str, model: str, seeds: int, max_examples: int) -> dict[str, Any]:
@@ -64,6 +68,7 @@ def kill_engine(name: str, model: str, seeds: int, max_examples: int) -> dict[st
         ddmin_rules=len(minimized.reproducer["ops"]),
         first_check=first.check,
         rule=first.rule,
+        diagnosed_signature=diagnose_engine(minimized.violations, minimized.reproducer).signature,
         first_per_seed=[f"{r.failure.violations[0].check}/{r.failure.violations[0].rule}" for r in found if r.failure],
         reproducer=minimized.reproducer,
     )
@@ -72,6 +77,7 @@ def kill_engine(name: str, model: str, seeds: int, max_examples: int) -> dict[st
 
 def reference_row(spec: str, model: str, seeds: int, max_examples: int) -> dict[str, Any]:
     runs: list[MachineRun] = [run_machine(spec, max_examples, STEPS, seed=seed, model=model) for seed in range(seeds)]
+    duplicates = statistics.median(r.events.get(DUPLICATE, 0.0) for r in runs)
     return {
         "kind": "engine-reference",
         "engine": spec,
@@ -82,6 +88,7 @@ def reference_row(spec: str, model: str, seeds: int, max_examples: int) -> dict[
         "seconds_median": round(statistics.median(r.seconds for r in runs), 2),
         "seconds_slowest": round(max(r.seconds for r in runs), 2),
         "ragged_admission_share": round(statistics.median(r.events.get(RAGGED, 0.0) for r in runs), 3),
+        "duplicate_prompt_share": round(duplicates, 3),
     }
 
 
@@ -94,32 +101,34 @@ def markdown(rows: list[dict[str, Any]], references: list[dict[str, Any]], heade
         "| planted engine bug | model | caught | runs to first failure (median) "
         "| rules to first failure (median, all runs) | first failing run (rules) "
         "| seconds to first failure (median / slowest) | shrunk rules (min / median) "
-        "| after ddmin | first check | rule | seconds per run of the machine (median) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| after ddmin | first check | rule | signature (diagnosed / catalog) "
+        "| seconds per run of the machine (median) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if not r["caught"]:
-            lines.append(f"| {r['bug']} | {r['model']} | 0/{r['seeds']} | - | - | - | - | - | - | - | - | - |")
+            lines.append(f"| {r['bug']} | {r['model']} | 0/{r['seeds']} | - | - | - | - | - | - | - | - | - | - |")
             continue
         lines.append(
             f"| {r['bug']} | {r['model']} | {r['caught']}/{r['seeds']} | {r['runs_to_first_median']} | "
             f"{r['rules_to_first_median']} | {r['first_failing_run_rules_median']} | "
             f"{r['seconds_to_first_median']} / {r['seconds_to_first_slowest']} | "
             f"{r['shrunk_rules_min']} / {r['shrunk_rules_median']} | {r['ddmin_rules']} | {r['first_check']} | "
-            f"{r['rule']} | {r['seconds_total_median']} |"
+            f"{r['rule']} | {r['diagnosed_signature']} / {r['signature']} | {r['seconds_total_median']} |"
         )
     if references:
         lines += [
             "",
             "| reference engine | model | passed | runs (median) | seconds (median / slowest) | runs with an admission "
-            "into a ragged batch (median share) |",
-            "|---|---|---|---|---|---|",
+            "into a ragged batch (median share) "
+            "| runs with a duplicate prompt among concurrent requests (median share) |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in references:
             lines.append(
                 f"| {r['engine']} | {r['model']} | {r['passed']}/{r['seeds']} | {r['runs_median']} | "
                 f"{r['seconds_median']} / "
-                f"{r['seconds_slowest']} | {r['ragged_admission_share']} |"
+                f"{r['seconds_slowest']} | {r['ragged_admission_share']} | {r['duplicate_prompt_share']} |"
             )
     return "\n".join(lines) + "\n"
 

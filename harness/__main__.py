@@ -2,4 +2,5 @@ import sys
 
 from specaudit.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # a spawned child (vLLM's engine core) re-imports this module as __mp_main__
+    sys.exit(main())

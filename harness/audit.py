@@ -22,14 +22,14 @@ from typing import Any
 from specaudit.case import Case
 from specaudit.checks import equivalence
 from specaudit.contract import load_decoder
+from specaudit.ddmin import MinimizedOps, ReproducerPasses, minimize_ops
 from specaudit.diagnosis import Diagnosis, diagnose
 from specaudit.engine import load_engine
 from specaudit.engine_machine import (
     DEFAULT_ENGINES,
+    EngineDiagnosis,
     MachineRun,
-    MinimizedOps,
-    ReproducerPasses,
-    minimize_ops,
+    diagnose_engine,
     run_machine,
 )
 from specaudit.errors import UsageError
@@ -362,6 +362,11 @@ class EngineVerdict:
             return self.minimized.violations
         return [] if self.run.failure is None else self.run.failure.violations
 
+    @functools.cached_property
+    def diagnosis(self) -> EngineDiagnosis | None:
+        """The failure's diagnosis (first check, where, signature) on the reproducer kept."""
+        return diagnose_engine(self.violations, self.reproducer) if self.violations and self.reproducer else None
+
     def to_json(self) -> dict[str, Any]:
         first = self.violations[0] if self.violations else None
         return {
@@ -378,6 +383,7 @@ class EngineVerdict:
             "minimized_rules": None if self.reproducer is None else len(self.reproducer["ops"]),
             "first_check": first.check if first else None,
             "rule": first.rule if first else None,
+            "diagnosis": None if self.diagnosis is None else self.diagnosis.to_json(),
             "events": {what: round(share, 3) for what, share in self.run.events.items()},
             "violations": [asdict(v) for v in self.violations[:EVIDENCE_LIMIT]],
             "known_failures": [{"check": c, "rule": r} for c, r in self.known],
@@ -438,17 +444,18 @@ def engine_line(v: EngineVerdict, width: int) -> str:
     return (
         f"{v.engine:<{width}} {v.model:<11} {v.run.runs:>5} {v.run.seconds:>6.1f} {_fmt(ragged, '.2f'):>6}  "
         f"{verdict:<7} {(j['first_check'] or ''):<12} {(j['rule'] or ''):<18} "
+        f"{(j['diagnosis'] or {}).get('signature') or '':<17} "
         f"{_fmt(j['minimized_rules'], 'd'):>5}  {'yes' if v.as_expected else 'NO'}"
     )
 
 
 def format_engine_table(verdicts: list[EngineVerdict]) -> str:
     """Engines: runs, time, share of runs with an admission into a ragged batch, the verdict,
-    the first broken check and rule, and the length of the minimized rule sequence."""
+    the first broken check, rule and signature, and the length of the minimized rule sequence."""
     width = max([28, *(len(v.engine) for v in verdicts)])
     header = (
         f"{'engine (state machine)':<{width}} {'model':<11} {'runs':>5} {'sec':>6} {'ragged':>6}  "
-        f"{'verdict':<7} {'first check':<12} {'rule':<18} {'rules':>5}  expected"
+        f"{'verdict':<7} {'first check':<12} {'rule':<18} {'signature':<17} {'rules':>5}  expected"
     )
     lines = [header, "-" * len(header), *(engine_line(v, width) for v in verdicts)]
     lines.append(

@@ -12,6 +12,8 @@ import torch
 from specaudit.errors import UsageError
 
 CASE_FORMAT, CASE_VERSION = "specaudit-case", 1
+ENVELOPE_FORMAT = "specaudit-reproducer"
+"""A reproducer file (`specaudit.reproducer`); one of a decoder case holds its case under payload.case."""
 
 
 class CaseFormatError(UsageError, ValueError):
@@ -108,6 +110,11 @@ class Case:
 
     @classmethod
     def from_json(cls, data: Any) -> Case:
+        """A case from its JSON form, or from a reproducer that holds one (a decoder or real-model case)."""
+        if isinstance(data, dict) and data.get("format") == ENVELOPE_FORMAT:
+            data = (data.get("payload") or {}).get("case") if isinstance(data.get("payload"), dict) else None
+            if data is None:
+                raise CaseFormatError('a reproducer without a case (its payload holds no "case")')
         try:
             if not isinstance(data, dict) or data.get("format") != CASE_FORMAT:
                 raise CaseFormatError(f'not a specaudit case (expected "format": "{CASE_FORMAT}")')

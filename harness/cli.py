@@ -27,14 +27,16 @@ from specaudit.settings import (
     DEFAULT_MINIMIZE_BUDGET,
     DEFAULT_MINIMIZE_OUT,
     REAL_DTYPES,
+    VLLM_CONFIGURATIONS,
+    VLLM_DEFAULT_PYTHON,
+    VLLM_MODEL_NAMES,
     AuditSettings,
     BlackboxSettings,
     EngineMinimizeSettings,
-    EngineReplaySettings,
     GateSettings,
     MinimizeSettings,
     RealAuditSettings,
-    ReplaySettings,
+    VllmAuditSettings,
 )
 from specaudit.xfails import KnownFailures, load_xfails
 
@@ -123,20 +125,19 @@ def engine_file(args: argparse.Namespace) -> bool:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    """Replay one case file against a decoder and print its diagnosis (an engine reproducer:
-    its rules against the engine, and the violations)."""
+    """Replay any reproducer (`specaudit.reproducer.replay`: a decoder or real-model case, an
+    engine's rules, a black-box plan) against the subject it names or the one given, and print
+    what it gives: the diagnosis, the engine's violations, the black-box table."""
     import json
 
-    from specaudit.reproducer import replay
+    from specaudit.replay import replay
+    from specaudit.reproducer import load_reproducer
 
-    if engine_file(args):
-        from specaudit.reproducer import replay_engine
-
-        return replay_engine(EngineReplaySettings(case=args.case, engine=args.engine, json=args.json))
-    settings = ReplaySettings(case=args.case, decoder=args.decoder, json=args.json)
-    diagnosis = replay(settings.case, settings.decoder)
-    print(json.dumps(diagnosis.to_json(), indent=1) if settings.json else diagnosis.render())
-    return 0 if diagnosis.passed else 1
+    reproducer = load_reproducer(args.case, check=False)  # options are checked against its kind first
+    given = {name: getattr(args, name) for name in ("engine", "server", "target", "draft", "device")}
+    outcome = replay(reproducer, args.decoder, **given)
+    print(json.dumps(outcome.to_json(), indent=1) if args.json else outcome.render())
+    return 0 if outcome.passed else 1
 
 
 def cmd_minimize(args: argparse.Namespace) -> int:
@@ -282,13 +283,24 @@ def add_audit(sub: argparse._SubParsersAction) -> None:
 
 
 def add_replay(sub: argparse._SubParsersAction) -> None:
-    replay = sub.add_parser("replay", help="replay a case file (a reproducer) against a decoder")
-    replay.add_argument("case", type=Path, metavar="FILE")
-    replay.add_argument("--decoder", metavar="MODULE:ATTR", help="the decoder (case files)")
-    replay.add_argument(
-        "--engine", metavar="MODULE:ATTR", help="the engine (engine reproducers, with 'ops'; default: the file's)"
+    replay = sub.add_parser(
+        "replay",
+        help="replay a reproducer of any kind (decoder case, real-model case, engine rules, black-box plan)",
+        description="Run a reproducer again against the decoder, engine, server or models it names, or the ones "
+        "given; files written before the reproducer envelope are read too. Exit 0 it passes, 1 it fails, 2 usage.",
     )
-    replay.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    replay.add_argument("case", type=Path, metavar="FILE")
+    replay.add_argument("--decoder", metavar="MODULE:ATTR", help="the decoder (decoder and real-model cases)")
+    replay.add_argument(
+        "--engine", metavar="MODULE:ATTR", help="the engine (engine rules, black-box plans; default: the file's)"
+    )
+    replay.add_argument("--server", metavar="URL", help="the server (black-box plans; default: the file's)")
+    replay.add_argument(
+        "--target", metavar="NAME|DIR", help="the target model (real-model cases, black-box plans; default: the file's)"
+    )
+    replay.add_argument("--draft", metavar="DIR", help="the draft model directory (real-model cases)")
+    replay.add_argument("--device", help="torch device for the real models (default: the file's, else cpu)")
+    replay.add_argument("--json", action="store_true", help="print the outcome (the diagnosis) as JSON")
     replay.set_defaults(func=cmd_replay)
 
 
@@ -416,6 +428,94 @@ def add_blackbox(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=cmd_blackbox)
 
 
+def comma_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def vllm_settings(args: argparse.Namespace) -> VllmAuditSettings:
+    return VllmAuditSettings(
+        python=args.vllm_python,
+        models=comma_list(args.models),
+        configurations=comma_list(args.configurations),
+        requests=args.requests,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        spread=args.spread,
+        health_timeout_s=args.health_timeout,
+        request_timeout_s=args.timeout,
+        out=args.out,
+    )
+
+
+def cmd_audit_vllm(args: argparse.Namespace) -> int:
+    """A real vLLM server per speculative configuration under the black-box audit."""
+    from specaudit.adapters.vllm_server import run_audit_vllm
+
+    return run_audit_vllm(vllm_settings(args))
+
+
+def add_vllm(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "audit-vllm",
+        help="start a vLLM server per speculative configuration and audit it black-box (output level only)",
+        description="For each served model and configuration (control: no speculation; ngram; draft: a draft "
+        "model), start vLLM's OpenAI-compatible server from the vLLM venv on 127.0.0.1, wait for /health, send "
+        "staggered token-id requests (specaudit blackbox), compare each with the batch-size-1 greedy oracle, read "
+        "drafted/accepted tokens from /metrics, and stop the server. Writes DIR/report.md and DIR/report.json. "
+        "Exit 0 only when every configuration passes.",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=os.environ.get("SPECAUDIT_VLLM_PYTHON", VLLM_DEFAULT_PYTHON),
+        metavar="PATH",
+        help=f"python of the vLLM venv (default: $SPECAUDIT_VLLM_PYTHON, else {VLLM_DEFAULT_PYTHON})",
+    )
+    parser.add_argument("--models", default=",".join(VLLM_MODEL_NAMES), help="served models, comma-separated")
+    parser.add_argument(
+        "--configurations", default=",".join(VLLM_CONFIGURATIONS), help="speculative configurations, comma-separated"
+    )
+    parser.add_argument("--requests", type=int, default=16, metavar="N", help="requests per configuration")
+    parser.add_argument("--max-new-tokens", type=int, default=32, metavar="M", help="max_tokens per request")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the prompts and arrivals")
+    parser.add_argument("--spread", type=float, default=0.5, metavar="S", help="arrivals over [0, S] seconds")
+    parser.add_argument(
+        "--health-timeout", type=float, default=300.0, metavar="S", help="seconds a server may take to be healthy"
+    )
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per request")
+    parser.add_argument("--out", type=Path, default=Path("specaudit-out/vllm"), metavar="DIR", help="report dir")
+    parser.set_defaults(func=cmd_audit_vllm)
+
+
+def cmd_observe_vllm(args: argparse.Namespace) -> int:
+    """vLLM in process, every target forward observed and judged by the paged-layout checks."""
+    from specaudit.adapters.vllm_server import default_workload, observe_in_process, write_paged_failure
+
+    run = observe_in_process(args.model, args.draft, default_workload(args.new_tokens))
+    print(run.render())
+    if run.passed:
+        return 0
+    print(f"reproducer written to {write_paged_failure(args.out, run)}")
+    return 1
+
+
+def add_observe_vllm(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "observe-vllm",
+        help="run vLLM in process (from the vLLM venv) and check every target forward's paged layout (white box)",
+        description="Four greedy requests arriving at different steps, one aborted, through an in-process vllm.LLM "
+        "(float32, eager); every target forward's packed tokens, positions, query spans, context lengths, slot "
+        "mapping and block table are recorded and judged by the paged-layout checks, and the K/V written are "
+        "compared with the model's batch-size-1 entries. Exit 0 when no paged rule is broken.",
+    )
+    parser.add_argument("model", help="a model directory, or a built-in name (smollm2)")
+    parser.add_argument("--draft", help="a draft model directory or name (default: ngram prompt lookup)")
+    parser.add_argument("--new-tokens", type=int, default=40, metavar="N", help="tokens per request (default 40)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("specaudit-out/vllm-observe"), metavar="DIR", help="a failure's reproducer"
+    )
+    parser.set_defaults(func=cmd_observe_vllm)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specaudit", description="Correctness audit for batch speculative decoders.")
     sub = parser.add_subparsers(dest="command")
@@ -430,6 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_minimize,
         add_gate,
         add_blackbox,
+        add_vllm,
+        add_observe_vllm,
     )
     for add in adders:
         add(sub)

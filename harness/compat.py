@@ -91,19 +91,35 @@ def cache_keyword(model: torch.nn.Module) -> str:
     return _cache_keyword(type(model).forward)
 
 
+@functools.lru_cache(maxsize=64)
+def _keeps_logits(forward: Any) -> bool:
+    return "logits_to_keep" in inspect.signature(forward).parameters
+
+
+def last_logits(model: torch.nn.Module, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
+    """Logits [1, keep, V] of the last `keep` positions of one batch-size-1 forward at positions
+    0..n-1, the LM head skipped over the rest where the model allows it (`logits_to_keep`)."""
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # [1, n]
+    kwargs: dict[str, Any] = {"logits_to_keep": keep} if _keeps_logits(type(model).forward) else {}
+    logits, _ = call_model(model, input_ids, torch.ones_like(input_ids), positions, None, **kwargs)
+    return logits[:, -keep:]
+
+
 def call_model(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None,
     cache: Any,
+    **extra: Any,
 ) -> tuple[torch.Tensor, Any]:
-    """One forward with a cache; returns (logits [B, T, V], cache)."""
+    """One forward with a cache (None: without one); returns (logits [B, T, V], cache)."""
     kwargs: dict[str, Any] = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
-        "use_cache": True,
-        cache_keyword(model): cache,
+        "use_cache": cache is not None,
+        **({} if cache is None else {cache_keyword(model): cache}),
+        **extra,
     }
     if position_ids is not None:
         kwargs["position_ids"] = position_ids

@@ -39,6 +39,7 @@ in about a hundred runs, a few seconds.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -47,6 +48,7 @@ from typing import Any, TypeVar
 from specaudit.case import Case
 from specaudit.contract import load_decoder
 from specaudit.diagnosis import Diagnosis, diagnose
+from specaudit.engine_machine import replay
 from specaudit.runner import Run, run_case
 from specaudit.settings import DEFAULT_MINIMIZE_BUDGET
 from specaudit.strategies import ambiguous
@@ -431,3 +433,71 @@ def minimize_case(
         time.perf_counter() - start,
         m.exhausted,
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Engine rule sequences: the same ddmin over an engine reproducer's rules
+
+
+@dataclass
+class MinimizedOps:
+    """A reproducer shrunk by `minimize_ops`, the violations it still shows and what it cost."""
+
+    original: dict[str, Any]
+    reproducer: dict[str, Any]
+    violations: list[Violation]
+    replays: int
+    seconds: float
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.original['ops'])} rules -> {len(self.reproducer['ops'])}, "
+            f"{self.replays} replays, {self.seconds:.1f} s"
+        )
+
+
+class ReproducerPasses(ValueError):
+    """The engine passes the reproducer: nothing to minimize."""
+
+
+def failure_key(violations: list[Violation]) -> tuple[str, str] | None:
+    """The failure class a smaller reproducer must keep: the first violation's check and rule."""
+    return (violations[0].check, violations[0].rule) if violations else None
+
+
+def simpler_adds(ops: list[dict[str, Any]], i: int) -> list[list[dict[str, Any]]]:
+    """Candidates that simplify the add at `i`: every draft rejected, then a smaller
+    max_new_tokens (1, 2, ...)."""
+    op = ops[i]
+    if op["op"] != "add":
+        return []
+    variants = [dict(op, accept="0" * len(op["accept"]))] if "1" in op["accept"] else []
+    variants += [dict(op, max_new_tokens=n) for n in range(1, int(op["max_new_tokens"]))]
+    return [ops[:i] + [v] + ops[i + 1 :] for v in variants]
+
+
+def minimize_ops(reproducer: dict[str, Any], budget: int = 500) -> MinimizedOps:
+    """ddmin over the reproducer's rules, then each add simplified;
+    a candidate counts when its replay fails with the same first check and rule. At most
+    `budget` replays; past it the smallest failing reproducer so far is kept."""
+    start = time.perf_counter()
+    original = dict(reproducer, ops=list(reproducer["ops"]))
+    key = failure_key(replay(original))
+    if key is None:
+        raise ReproducerPasses(f"{original['engine']} passes the reproducer's {len(original['ops'])} rules")
+    seen: dict[str, list[Violation] | None] = {}
+
+    def fails(ops: list[dict[str, Any]]) -> bool:
+        text = json.dumps(ops, sort_keys=True)
+        if text not in seen:
+            if len(seen) >= budget:
+                return False
+            violations = replay(dict(original, ops=ops))
+            seen[text] = violations if failure_key(violations) == key else None
+        return seen[text] is not None
+
+    ops = ddmin(original["ops"], fails)
+    for i in range(len(ops)):
+        ops = next((c for c in simpler_adds(ops, i) if fails(c)), ops)
+    violations = seen.get(json.dumps(ops, sort_keys=True)) or replay(dict(original, ops=ops))
+    return MinimizedOps(original, dict(original, ops=ops), violations, len(seen), time.perf_counter() - start)

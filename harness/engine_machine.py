@@ -17,11 +17,22 @@ arrivals at any step. After every step the harness checks, in this order:
                unfinished; every request finishes when the machine drains the engine
 
 Rows are bound to requests by construction: the harness knows which requests are live and
-their exact histories (prompt + oracle continuation), and prompts are drawn so that any two
-differ within the shorter one, so a row's leading (token, position) pairs name its request.
+their exact histories (prompt + oracle continuation). A row's candidates are the requests whose
+history it holds longest; prompts are drawn either equal to a running request's (one arrival in
+`DUPLICATE_SHARE` while others run; the event "duplicate prompt among concurrent requests",
+in a third to two thirds of runs) or differing from every other within the shorter one, so
+candidates share one history. Rows are
+then matched one to one with live candidates (`bind_rows`), each preferring the request whose
+previous call it continues and whose committed length is nearest its past: requests with one
+history are told apart by progress, and where they cannot be, either binding judges the same.
 On a tiny real model (float64) the past slots show K/V instead: each request's history is run
 once at batch size 1 and a row's past slot holds entry i of a request when its K/V equal that
 run's entry i within the dtype's tolerance (`EngineKV`); the current inputs are read as tokens.
+
+A failure carries its diagnosis (`EngineDiagnosis`): the first violated check and rule, the
+engine step, target call, request, row and slot, and the paper's signature, mapped from the
+first violation by the registry as a decoder run's is. Every violation notes its step in
+`evidence["step"]`, so `diagnose_engine(violations, reproducer)` rebuilds it after a replay.
 
 The machine logs its rules as a JSON reproducer; `replay(reproducer)` runs one again without
 Hypothesis and returns its violations.
@@ -37,7 +48,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +57,7 @@ from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from specaudit.case import ENVELOPE_FORMAT
 from specaudit.checks.i1 import i1_call_violations
 from specaudit.checks.rows import UNKNOWN, Observation, common_prefixes, flat_cache, observe
 from specaudit.contract import ContractError, model_changes, model_state, remove_new_hooks
@@ -57,6 +69,7 @@ from specaudit.fixtures.transparent import RequestScript, Script, ScriptedDraft,
 from specaudit.instrument import CallRecord, breach, instrument
 from specaudit.models import check_model
 from specaudit.reference.oracle import kv_rows, reference_kv, truncate
+from specaudit.registry import alone_signature, check_named
 from specaudit.runner import oracle_continuation
 from specaudit.strategies import SCHEDULE_DRAWS, pattern_from_rounds, rounds_for
 from specaudit.violation import Violation, render
@@ -101,15 +114,80 @@ class Tracked:
     expected: tuple[int, ...]  # the oracle's output: up to EOS (included) or max_new_tokens
 
 
+@dataclass(frozen=True)
+class EngineDiagnosis:
+    """An engine failure as a decoder run's diagnosis puts it: the first violated check and rule,
+    where (engine step, target call, request, row, slot), and the paper's signature, which the
+    registry maps from the first violation (`specaudit.registry`, as for decoder runs)."""
+
+    first_check: str
+    rule: str
+    step: int | None  # the engine's step() calls so far, the failing one included (0: before any)
+    call: int | None  # target call
+    request: int | None
+    row: int | None
+    slot: int | None
+    signature: str
+    reason: str
+
+    def render(self) -> str:
+        where = [
+            f"{name} {value}"
+            for name, value in (
+                ("step", self.step),
+                ("target call", self.call),
+                ("request", self.request),
+                ("row", self.row),
+                ("slot", self.slot),
+            )
+            if value is not None
+        ]
+        at = f" at {', '.join(where)}" if where else ""
+        return (
+            f"first violated check: {self.first_check} ({self.rule}){at}; signature: {self.signature} ({self.reason})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def engine_signature(first: Violation, reproducer: dict[str, Any]) -> tuple[str, str]:
+    """The registry's signature of an engine's first violation. Every check but equivalence maps
+    from the violation's fields; a wrong token is judged as a decoder's is (`alone_signature`):
+    the request re-run alone on the same engine, an invariant broken there names it, a wrong
+    token there is a bonus error, none is bookkeeping."""
+    if first.check != "equivalence":
+        return check_named(first.check).signature(first, None)
+    add = next((op for op in reproducer["ops"] if op["op"] == "add" and op["id"] == first.request), None)
+    alone = [] if add is None else replay(dict(reproducer, ops=[add, {"op": "drain"}]))
+    seen = alone[0] if alone else None
+    return alone_signature(first.request or 0, seen, seen is not None and seen.check == "equivalence")
+
+
+def diagnose_engine(violations: list[Violation], reproducer: dict[str, Any]) -> EngineDiagnosis:
+    """The diagnosis of an engine failure from its violations and the rules that gave them."""
+    first = violations[0]
+    signature, reason = engine_signature(first, reproducer)
+    step = first.evidence.get("step")
+    return EngineDiagnosis(
+        first.check, first.rule, step, first.call, first.request, first.row, first.slot, signature, reason
+    )
+
+
 class EngineFailure(AssertionError):
-    """A step broke a check: the violations, and the JSON reproducer of the rules so far."""
+    """A step broke a check: the violations, the JSON reproducer of the rules so far, and the
+    diagnosis (computed when first asked for: a wrong token re-runs its request alone)."""
 
     def __init__(self, violations: list[Violation], reproducer: dict[str, Any]) -> None:
         self.violations = violations
         self.reproducer = reproducer
-        super().__init__(
-            f"engine {reproducer['engine']} after {len(reproducer['ops'])} rules:\n{render(violations)}\n"
-            f"reproducer (specaudit.engine_machine.replay):\n{json.dumps(reproducer)}"
+        super().__init__(violations, reproducer)
+
+    def __str__(self) -> str:
+        return (
+            f"engine {self.reproducer['engine']} after {len(self.reproducer['ops'])} rules:\n"
+            f"{self.diagnosis.render()}\n{render(self.violations)}\n"
+            f"reproducer (specaudit.engine_machine.replay):\n{json.dumps(self.reproducer)}"
         )
 
     def __reduce__(self) -> tuple[type[EngineFailure], tuple[list[Violation], dict[str, Any]]]:
@@ -119,6 +197,10 @@ class EngineFailure(AssertionError):
     @property
     def first_check(self) -> str:
         return self.violations[0].check
+
+    @functools.cached_property
+    def diagnosis(self) -> EngineDiagnosis:
+        return diagnose_engine(self.violations, self.reproducer)
 
 
 @functools.lru_cache(maxsize=8)
@@ -157,6 +239,52 @@ class Stream:
     order: int  # the call's place among all calls
     tokens: list[int]  # attended tokens, past then current (UNKNOWN for a real model's past)
     kv: torch.Tensor | None  # [L, F] a real model's K/V of those entries
+    step: int = 0  # the engine step it ran in: a round never spans two steps
+
+
+@dataclass(frozen=True)
+class RowRead:
+    """One row of a target call: what it attends, and the requests its content cannot tell apart."""
+
+    row: int
+    length: int  # attended entries, past then current
+    past: int
+    tokens: list[int]
+    positions: list[int]
+    slots: list[int]
+    stream: Stream
+    matched: int  # the longest prefix of a tracked request's history the row holds (0: none)
+    candidates: tuple[int, ...]  # the requests holding that prefix, most likely first
+
+
+def bind_rows(reads: list[RowRead], eligible: set[int]) -> list[tuple[RowRead, int, int]]:
+    """(read, request, holder row) for each row: rows matched one to one with live requests
+    among their candidates (augmenting paths, each row trying its candidates in order), so two
+    requests with one history (duplicate prompts) take one row each, whichever way round: their
+    histories are identical, so either binding judges the same. A row left over holds a retired
+    candidate if it can, else its first candidate again (held by `holder`: a duplicate row)."""
+    by_row = {read.row: read for read in reads}
+    owner: dict[int, int] = {}  # request -> row
+
+    def augment(read: RowRead, seen: set[int]) -> bool:
+        for r in read.candidates:
+            if r in eligible and r not in seen:
+                seen.add(r)
+                if r not in owner or augment(by_row[owner[r]], seen):
+                    owner[r] = read.row
+                    return True
+        return False
+
+    for read in reads:
+        augment(read, set())
+    bound = {row: r for r, row in owner.items()}
+    for read in reads:
+        if read.row not in bound:
+            retired = [r for r in read.candidates if r not in eligible and r not in owner]
+            request = retired[0] if retired else read.candidates[0]
+            owner.setdefault(request, read.row)
+            bound[read.row] = request
+    return [(read, bound[read.row], owner[bound[read.row]]) for read in reads]
 
 
 class EngineKV:
@@ -306,9 +434,11 @@ class EngineSession:
         }
 
     def fail(self, violations: list[Violation]) -> None:
+        """Raise the violations, each noting the engine step it broke in (for the diagnosis)."""
         if violations:
             self.failed = True
-            raise EngineFailure(violations, self.reproducer())
+            stepped = [replace(v, evidence={**v.evidence, "step": self.book.steps}) for v in violations]
+            raise EngineFailure(stepped, self.reproducer())
 
     # -- rules -----------------------------------------------------------------------------
 
@@ -322,23 +452,33 @@ class EngineSession:
                 "accept": "".join("1" if a else "0" for a in request.accept),
             }
         )
+        if any(self.tracked[r].request.prompt == request.prompt for r in self.book.live_ids()):
+            self.note("duplicate prompt among concurrent requests")
         horizon = request.max_new_tokens + self.num_draft_tokens + 2
         continuation = oracle_continuation(self.model, DTYPE, request.prompt, horizon).tokens
         expected, _ = truncate(continuation, max_new_tokens=request.max_new_tokens, eos_token_id=self.eos_token_id)
         self.tracked[request.request_id] = Tracked(request, request.prompt + continuation, expected)
         if self.kv is not None:
             self.kv.track(request.request_id, request.prompt + continuation)
-        scripts = [
-            RequestScript(t.request.prompt, t.sequence[len(t.request.prompt) :], t.request.accept)
-            for t in self.tracked.values()
-        ]
-        self.draft.script = Script(scripts)
+        self.draft.script = self.script()
 
         def run() -> None:
             self.book.add(request.request_id, request.prompt, request.max_new_tokens)
             self.book.check_unfinished()  # a waiting request counts
 
         self.fail(self.guard(run))
+
+    def script(self) -> Script:
+        """The draft's script: one per prompt, as the draft finds rows by content. Requests that
+        share a prompt follow the first one's acceptance schedule over the longest history."""
+        scripts: dict[tuple[int, ...], RequestScript] = {}
+        for t in self.tracked.values():
+            prompt, continuation = t.request.prompt, t.sequence[len(t.request.prompt) :]
+            known = scripts.get(prompt)
+            if known is None or len(continuation) > len(known.continuation):
+                accept = t.request.accept if known is None else known.accept
+                scripts[prompt] = RequestScript(prompt, continuation, accept)
+        return Script(list(scripts.values()))
 
     def abort(self, request_id: int) -> None:
         self.ops.append({"op": "abort", "id": request_id})
@@ -349,6 +489,7 @@ class EngineSession:
         if log:
             self.ops.append({"op": "step"})
         eligible = set(self.book.live_ids())
+        committed = {r: len(self.book.requests[r].prompt) + len(self.book.requests[r].tokens) for r in eligible}
         crowded = self.max_batch_size is not None and len(eligible) > self.max_batch_size
         emitted: dict[int, list[int]] = {}
 
@@ -363,7 +504,7 @@ class EngineSession:
         if not violations:
             violations = [v for call in calls for v in i1_call_violations(call) if v.rule not in IDLE_ROW_RULES]
         if not violations:
-            violations = [v for call in calls for v in self.i2(call, eligible)]
+            violations = [v for call in calls for v in self.i2(call, eligible, committed)]
         if not violations:
             violations = self.equivalence()
         if not violations:
@@ -437,8 +578,9 @@ class EngineSession:
         self.seen_calls = len(self.recording.target_calls)
         return calls
 
-    def i2(self, call: CallRecord, eligible: set[int]) -> list[Violation]:
-        """I2 on one target call: each row bound to the request whose history it holds longest."""
+    def i2(self, call: CallRecord, eligible: set[int], committed: dict[int, int]) -> list[Violation]:
+        """I2 on one target call: each row bound to a request whose history it holds longest
+        (`bind_rows`: one row per request, told apart by progress where histories coincide)."""
         if call.input_ids is None or call.input_ids.dim() != 2:
             return []
         if call.past_length and not call.cache_after:
@@ -456,15 +598,17 @@ class EngineSession:
         if self.kv is not None:  # a real model's past counts only as far as its K/V are the request's entries
             held = self.kv.prefixes(call, obs, [self.kv.refs[r] for r in ids])  # [B, R]
             prefix = torch.where(held < obs.past[:, None], held, prefix)
-        bound: dict[int, int] = {}
+        reads = [self.read_row(call, obs, row, prefix[row], ids, eligible, committed) for row in range(prefix.shape[0])]
+        judged = [r for r in reads if r.length and not self.idle(call, r)]
         out: list[Violation] = []
-        for row in range(prefix.shape[0]):
-            fault = self.row_fault(call, obs, row, prefix[row], ids, eligible, bound)
+        for read, request, holder in bind_rows([r for r in judged if r.matched], eligible):
+            fault = self.row_fault(call, read, request, holder, eligible)
             if fault is not None:
                 out.append(fault)
-        return out
+        out += [v for r in judged if not r.matched if (v := self.row_fault(call, r, None, None, eligible)) is not None]
+        return sorted(out, key=lambda v: v.row if v.row is not None else -1)
 
-    def row_fault(
+    def read_row(
         self,
         call: CallRecord,
         obs: Observation,
@@ -472,15 +616,31 @@ class EngineSession:
         prefix: torch.Tensor,
         ids: list[int],
         eligible: set[int],
-        bound: dict[int, int],
-    ) -> Violation | None:
-        """The first I2 breach of one row, or None."""
+        committed: dict[int, int],
+    ) -> RowRead:
+        """What `row` attends, and the requests whose histories it holds longest, most likely first:
+        live, continuing its own previous call (a chunked round), nearest its committed length."""
         length, past = int(obs.length[row]), int(obs.past[row])
-        tokens, positions = obs.tokens[row].tolist(), obs.positions[row].tolist()
-        slots = obs.slots[row].tolist()
-        rank = sorted(range(len(ids)), key=lambda i: (-int(prefix[i]), ids[i] not in eligible, ids[i]))
-        best = rank[0]
-        request, matched = ids[best], int(prefix[best])
+        tokens, slots = obs.tokens[row].tolist(), obs.slots[row].tolist()
+        kv = None if self.kv is None else self.kv.entries(call, row, slots[:length])
+        stream = Stream(call.order, tokens[:length], kv, self.book.steps)
+        matched = int(prefix.max()) if len(ids) else 0
+        tied = [ids[i] for i in range(len(ids)) if int(prefix[i]) == matched] if matched else []
+
+        def preference(r: int) -> tuple[bool, bool, int, int]:
+            done = committed.get(r, len(self.tracked[r].request.prompt) + len(self.book.requests[r].tokens))
+            return r not in eligible, not self.continues_round(r, call, stream, past), abs(past - done), r
+
+        candidates = tuple(sorted(tied, key=preference))
+        return RowRead(row, length, past, tokens, obs.positions[row].tolist(), slots, stream, matched, candidates)
+
+    def row_fault(
+        self, call: CallRecord, read: RowRead, request: int | None, holder: int | None, eligible: set[int]
+    ) -> Violation | None:
+        """The first I2 breach of one row bound to `request` (None: no request's history), whose
+        first row is `holder`, or None."""
+        length, past, matched = read.length, read.past, read.matched
+        tokens, positions, slots, row = read.tokens, read.positions, read.slots, read.row
 
         def bad(rule: str, index: int, expected: str, exp_token: int | None, exp_pos: int | None) -> Violation:
             found = f"slot {slots[index]} holding token {tokens[index]} at position {positions[index]}"
@@ -491,14 +651,12 @@ class EngineSession:
                 "expected_position": exp_pos,
                 "index": index,
             }
-            if tokens[index] == UNKNOWN and self.kv is not None:  # a real model's past slot: its K/V
+            if tokens[index] == UNKNOWN and self.kv is not None and request is not None:  # a real past slot: K/V
                 found, distance = self.kv.describe(call, row, slots[index], self.kv.refs[request], index, request)
                 evidence.update(found_token=None, found_position=None, kv_distance=distance)
             return Violation("I2", rule, found, expected, call.index, row, slots[index], request, evidence)
 
-        if length == 0 or self.idle(call, row, tokens[:length], slots[:past], matched):
-            return None  # an idle row: bound to no request, not judged
-        if matched == 0:
+        if request is None:
             return bad("row-identity", 0, "the first token of a live request's prompt", None, 0)
         if request not in eligible:
             state = self.book.requests.get(request)
@@ -508,15 +666,11 @@ class EngineSession:
             return Violation(
                 "I2", v.rule, v.found + found_more, v.expected, call.index, row, v.slot, request, v.evidence
             )
-        if request in bound:
-            return bad("duplicate-row", 0, f"request {request} in one row only (also row {bound[request]})", None, None)
-        bound[request] = row
+        if holder != row:
+            return bad("duplicate-row", 0, f"request {request} in one row only (also row {holder})", None, None)
         sequence = self.tracked[request].sequence
-        stream = Stream(
-            call.order, tokens[:length], None if self.kv is None else self.kv.entries(call, row, slots[:length])
-        )
-        chunk = self.continues_round(request, call, stream, past)
-        self.streams[request] = stream
+        chunk = self.continues_round(request, call, read.stream, past)
+        self.streams[request] = read.stream
         for i in range(length):  # the past, then the request's next token, must be its history
             if not chunk and matched <= i <= past:
                 want = sequence[i] if i < len(sequence) else None
@@ -530,24 +684,25 @@ class EngineSession:
                 return bad("position-ids", i, f"position {i}", want, i)
         return None
 
-    def idle(self, call: CallRecord, row: int, stream: list[int], past: list[int], matched: int) -> bool:
+    def idle(self, call: CallRecord, read: RowRead) -> bool:
         """An idle row, the empty slot of a fixed-size engine: it attends the pad token only (on a
         real model: its inputs are the pad token and its past holds pads or no request's history).
         An engine that used its output would emit a wrong token (equivalence) or starve a request
         (liveness)."""
-        pad = self.pad_token_id
+        pad, stream, past = self.pad_token_id, read.stream.tokens, read.slots[: read.past]
         if any(t != pad for t in stream[len(past) :]):
             return False
         if self.kv is None:
             return all(t == pad for t in stream[: len(past)])
-        return not past or matched == 0 or self.kv.holds_pads(call, row, past, pad)
+        return not past or read.matched == 0 or self.kv.holds_pads(call, read.row, past, pad)
 
     def continues_round(self, request: int, call: CallRecord, now: Stream, past: int) -> bool:
         """A verification split over several forwards: the row's past is exactly what the request's
-        previous target call attended (its tokens, or on a real model its K/V), with no draft call
-        since, so its unverified drafts belong to this round and are no fault; positions are still judged."""
+        previous target call of this step attended (its tokens, or on a real model its K/V), with no
+        draft call since, so its unverified drafts belong to this round and are no fault; positions are
+        still judged. A call of a later step (a newcomer's prefill on top of the row) is judged afresh."""
         earlier = self.streams.get(request)
-        if earlier is None or len(earlier.tokens) != past:
+        if earlier is None or earlier.step != now.step or len(earlier.tokens) != past:
             return False
         if self.kv is None:
             same = earlier.tokens == now.tokens[:past]
@@ -628,6 +783,8 @@ def replay(reproducer: dict[str, Any] | str | Path) -> list[Violation]:
     if isinstance(reproducer, (str, Path)):
         text = Path(reproducer).read_text() if Path(str(reproducer)).exists() else str(reproducer)
         reproducer = json.loads(text)
+    if reproducer.get("format") == ENVELOPE_FORMAT:  # a reproducer file: the rules are its subject and payload
+        reproducer = {**reproducer["subject"], **reproducer["payload"]}
     session = EngineSession(
         reproducer["engine"],
         int(reproducer["num_draft_tokens"]),
@@ -660,7 +817,7 @@ def replay(reproducer: dict[str, Any] | str | Path) -> list[Violation]:
 
 def distinct_prompt(prompt: tuple[int, ...], others: list[tuple[int, ...]]) -> tuple[int, ...]:
     """`prompt`, its first token moved on until it differs from every other prompt within the
-    shorter of the two (so a row's leading tokens name its request)."""
+    shorter of the two (so a row's leading tokens name its request, or its duplicates)."""
     first = prompt[0]
     for _ in range(VOCAB_SIZE):
         candidate = (first,) + prompt[1:]
@@ -670,16 +827,29 @@ def distinct_prompt(prompt: tuple[int, ...], others: list[tuple[int, ...]]) -> t
     raise ValueError("no distinct prompt left")  # unreachable with MAX_REQUESTS << VOCAB_SIZE
 
 
-def draw_request(data: st.DataObject, request_id: int, k: int, others: list[tuple[int, ...]]) -> Request:
-    """A request: prompt, limit and an acceptance schedule from the batch strategies' kinds."""
-    prompt = data.draw(st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=1, max_size=MAX_PROMPT), label="prompt")
+DUPLICATE_SHARE = 4
+"""One request in DUPLICATE_SHARE, drawn while others run, repeats a running request's prompt
+(and its acceptance schedule: the draft cannot tell the two apart either)."""
+
+
+def draw_request(
+    data: st.DataObject, request_id: int, k: int, others: list[Request], running: list[Request]
+) -> Request:
+    """A request: prompt, limit and an acceptance schedule from the batch strategies' kinds;
+    sometimes a running request's prompt again (rows are bound by progress, not by prompt),
+    else a prompt that differs from every other within the shorter one."""
     max_new = data.draw(st.integers(1, MAX_NEW), label="max_new_tokens")
+    if running and data.draw(st.integers(0, DUPLICATE_SHARE - 1), label="repeat a running prompt") == 1:
+        original = data.draw(st.sampled_from(running), label="the running request repeated")
+        return Request(request_id, original.prompt, max_new, original.accept)
+    prompt = data.draw(st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=1, max_size=MAX_PROMPT), label="prompt")
     kind = data.draw(st.sampled_from(SCHEDULE_DRAWS), label="schedule")
     first = data.draw(st.booleans(), label="draft right at index 0")
     rounds = data.draw(rounds_for(kind, k), label="accepted per round")
     horizon = max_new + k + 2
+    prompts = sorted({o.prompt for o in others})
     return Request(
-        request_id, distinct_prompt(tuple(prompt), others), max_new, pattern_from_rounds(first, rounds, horizon)
+        request_id, distinct_prompt(tuple(prompt), prompts), max_new, pattern_from_rounds(first, rounds, horizon)
     )
 
 
@@ -704,7 +874,7 @@ class EngineMachine(RuleBasedStateMachine):
     def start(self, k: int, pad: int, eos_at: int | None, initial: int, data: st.DataObject) -> None:
         """Build the engine with 1 to 3 requests waiting; EOS, if any, is a token the first
         request's oracle emits."""
-        first = draw_request(data, 0, k, [])
+        first = draw_request(data, 0, k, [], [])
         eos = None
         if eos_at is not None:
             eos = oracle_continuation(self.model, DTYPE, first.prompt, MAX_NEW).tokens[eos_at]
@@ -718,8 +888,9 @@ class EngineMachine(RuleBasedStateMachine):
     def add_request(self, data: st.DataObject) -> None:
         session = self.session
         assert session is not None
-        prompts = [t.request.prompt for t in session.tracked.values()]
-        session.add(draw_request(data, len(session.tracked), session.num_draft_tokens, prompts))
+        others = [t.request for t in session.tracked.values()]
+        running = [session.tracked[r].request for r in session.book.live_ids()]
+        session.add(draw_request(data, len(session.tracked), session.num_draft_tokens, others, running))
 
     @precondition(
         lambda self: (
@@ -781,7 +952,7 @@ def event_shares(machine: type[EngineMachine]) -> dict[str, float]:
     """Share of the machine's runs so far that had each event (Hypothesis's statistics do
     not cover `run_state_machine_as_test`)."""
     runs = machine.tally["runs"]
-    counts = {what: n for what, n in machine.tally.items() if what.startswith("admission")}
+    counts = {what: n for what, n in machine.tally.items() if what.startswith(("admission", "duplicate"))}
     return {what: n / runs for what, n in sorted(counts.items()) if runs}
 
 
@@ -901,86 +1072,20 @@ def run_machine(
 # Minimizing a reproducer: delta debugging over its rules, keeping the failure class
 
 
-@dataclass
-class MinimizedOps:
-    """A reproducer shrunk by `minimize_ops`, the violations it still shows and what it cost."""
-
-    original: dict[str, Any]
-    reproducer: dict[str, Any]
-    violations: list[Violation]
-    replays: int
-    seconds: float
-
-    def summary(self) -> str:
-        return (
-            f"{len(self.original['ops'])} rules -> {len(self.reproducer['ops'])}, "
-            f"{self.replays} replays, {self.seconds:.1f} s"
-        )
-
-
-class ReproducerPasses(ValueError):
-    """The engine passes the reproducer: nothing to minimize."""
-
-
-def failure_key(violations: list[Violation]) -> tuple[str, str] | None:
-    """The failure class a smaller reproducer must keep: the first violation's check and rule."""
-    return (violations[0].check, violations[0].rule) if violations else None
-
-
-def simpler_adds(ops: list[dict[str, Any]], i: int) -> list[list[dict[str, Any]]]:
-    """Candidates that simplify the add at `i`: every draft rejected, then a smaller
-    max_new_tokens (1, 2, ...)."""
-    op = ops[i]
-    if op["op"] != "add":
-        return []
-    variants = [dict(op, accept="0" * len(op["accept"]))] if "1" in op["accept"] else []
-    variants += [dict(op, max_new_tokens=n) for n in range(1, int(op["max_new_tokens"]))]
-    return [ops[:i] + [v] + ops[i + 1 :] for v in variants]
-
-
-def minimize_ops(reproducer: dict[str, Any], budget: int = 500) -> MinimizedOps:
-    """ddmin (`specaudit.ddmin.ddmin`) over the reproducer's rules, then each add simplified;
-    a candidate counts when its replay fails with the same first check and rule. At most
-    `budget` replays; past it the smallest failing reproducer so far is kept."""
-    from specaudit.ddmin import ddmin
-
-    start = time.perf_counter()
-    original = dict(reproducer, ops=list(reproducer["ops"]))
-    key = failure_key(replay(original))
-    if key is None:
-        raise ReproducerPasses(f"{original['engine']} passes the reproducer's {len(original['ops'])} rules")
-    seen: dict[str, list[Violation] | None] = {}
-
-    def fails(ops: list[dict[str, Any]]) -> bool:
-        text = json.dumps(ops, sort_keys=True)
-        if text not in seen:
-            if len(seen) >= budget:
-                return False
-            violations = replay(dict(original, ops=ops))
-            seen[text] = violations if failure_key(violations) == key else None
-        return seen[text] is not None
-
-    ops = ddmin(original["ops"], fails)
-    for i in range(len(ops)):
-        ops = next((c for c in simpler_adds(ops, i) if fails(c)), ops)
-    violations = seen.get(json.dumps(ops, sort_keys=True)) or replay(dict(original, ops=ops))
-    return MinimizedOps(original, dict(original, ops=ops), violations, len(seen), time.perf_counter() - start)
-
-
 __all__ = [
     "DEFAULT_ENGINES",
     "ENGINE_CHECKS",
+    "EngineDiagnosis",
     "EngineFailure",
     "EngineMachine",
     "EngineSession",
     "MachineRun",
-    "MinimizedOps",
-    "ReproducerPasses",
     "Request",
+    "diagnose_engine",
+    "engine_signature",
     "event_shares",
     "machine_failure",
     "machine_for",
-    "minimize_ops",
     "replay",
     "run_machine",
 ]

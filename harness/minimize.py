@@ -87,10 +87,10 @@ def report(settings: MinimizeSettings, result: MinimizeResult) -> None:
 
 def minimize_engine(settings: EngineMinimizeSettings) -> int:
     """`specaudit minimize FILE --engine X` on an engine reproducer: ddmin over its rules
-    (`specaudit.engine_machine.minimize_ops`), keeping the first check and rule; writes the
+    (`specaudit.ddmin.minimize_ops`), keeping the first check and rule; writes the
     reproducer and regression test. Exit 1 (the engine fails the rules) or 0 (it passes)."""
+    from specaudit.ddmin import ReproducerPasses, minimize_ops
     from specaudit.engine import load_engine
-    from specaudit.engine_machine import ReproducerPasses, minimize_ops
 
     reproducer = load_engine_reproducer(settings.case, settings.engine)
     load_engine(reproducer["engine"])

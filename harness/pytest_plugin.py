@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from specaudit.item import FAILURE
 from specaudit.models import DEFAULT_DECODERS, parse_models
 
 
@@ -103,11 +104,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("specaudit_decoder", decoder_specs(metafunc.config))
     if "specaudit_model" in metafunc.fixturenames:
         metafunc.parametrize("specaudit_model", model_names(metafunc.config))
-
-
-FAILURE = pytest.StashKey[dict]()
-"""The key of a failing property's record on its item: a decoder's `failure_record` or an
-engine's `engine_failure_record` (a dict with "ops"); the last one noted is the shrunk one."""
 
 
 @pytest.hookimpl(hookwrapper=True)

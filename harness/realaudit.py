@@ -36,7 +36,7 @@ from specaudit.noise import measure_noise
 from specaudit.pretrained import cache_dir
 from specaudit.realmodel import RealRun, audit_batch, run_batch, run_real, timed_call
 from specaudit.reference.batched import BatchedGreedy
-from specaudit.reproducer import write_failure
+from specaudit.reproducer import write_failure, write_real_failure
 from specaudit.runner import run_case
 from specaudit.settings import RealAuditSettings
 from specaudit.transplant import transplant
@@ -145,11 +145,14 @@ def witness_line(run: RealRun, diagnosis: Diagnosis, second: Diagnosis | None) -
     return f"    decided by both witnesses: the {second.case.dtype} re-run fails too ({agree})"
 
 
-def write_reproducers(out: Path, run: RealRun, diagnosis: Diagnosis) -> tuple[list[str], list[str]]:
-    """The real case and its CPU transplant as reproducers under OUT/repro (the layout of
-    `specaudit audit --out`); returns (report lines, paths written)."""
+def write_reproducers(
+    out: Path, run: RealRun, diagnosis: Diagnosis, settings: RealAuditSettings
+) -> tuple[list[str], list[str]]:
+    """The real case (naming both model directories, so that `specaudit replay` loads them) and
+    its CPU transplant as reproducers under OUT/repro; returns (report lines, paths written)."""
     name = f"{run.decoder}-batch{run.batch}"
-    (real,) = write_failure(out / "repro", f"real-{name}", diagnosis, test=False)  # needs the real models
+    models = {"target": settings.target, "draft": settings.draft, "device": settings.device}
+    real = write_real_failure(out / "repro", f"real-{name}", diagnosis, **models)  # no test: needs the real models
     lines, paths = [f"    reproducer (real models): {real}"], [str(real)]
     try:
         moved = transplant(run)
@@ -277,7 +280,7 @@ def run_real_audit(settings: RealAuditSettings) -> int:
                 print(witness_line(run, diagnosis, second), flush=True)
             written: list[str] = []
             if not diagnosis.passed and settings.out is not None:
-                lines, written = write_reproducers(settings.out, run, diagnosis)
+                lines, written = write_reproducers(settings.out, run, diagnosis, settings)
                 print("\n".join(lines), flush=True)
             report.append(batch_report(run, diagnosis, checks, written))
         print(overall(runs, diagnoses, merge_statuses(statuses), settings.check_rate, control), flush=True)

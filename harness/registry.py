@@ -37,6 +37,7 @@ from specaudit.checks import (
     check_token_preservation,
     equivalence,
 )
+from specaudit.checks.paged import check_paged
 from specaudit.contract import load_decoder
 from specaudit.models import MODELS
 from specaudit.runner import Run, run_case
@@ -151,10 +152,17 @@ def equivalence_signature(first: Violation, run: Run) -> Signature:
         return "kv-drift", "verified tokens' KV was dropped from the cache and the output went wrong"
     alone = rerun_alone(run, row)
     seen = evaluate(alone).first_failure
-    if seen is not None and check_named(seen.check).per_call:  # a sampled-out call hid it in the batch run
-        signature, why = check_named(seen.check).signature(seen.violations[0], alone)
-        return signature, f"{why}; seen when row {row} runs alone: {seen.violations[0].render()}"
-    if alone.outputs is not None and judge("equivalence", alone).status == FAIL:
+    wrong = alone.outputs is not None and judge("equivalence", alone).status == FAIL
+    return alone_signature(row, seen.violations[0] if seen is not None else None, wrong, alone)
+
+
+def alone_signature(row: int, first_alone: Violation | None, wrong_alone: bool, alone: Run | None = None) -> Signature:
+    """A wrong output's signature from its row (or engine request) re-run alone: an invariant
+    broken there names it, a wrong token there is a bonus error, none is bookkeeping."""
+    if first_alone is not None and check_named(first_alone.check).per_call:  # a sampled-out call hid it
+        signature, why = check_named(first_alone.check).signature(first_alone, alone)
+        return signature, f"{why}; seen when row {row} runs alone: {first_alone.render()}"
+    if wrong_alone:
         return "bonus", "the wrong token appears even at batch size 1"
     return "bookkeeping", "the output goes wrong only in a batch, with every invariant intact"
 
@@ -174,10 +182,11 @@ class Check:
     name: str
     title: str  # the property's name in README's table
     statement: str  # one sentence: the README row and the property's docstring
-    function: Callable[[Run], list[Violation]]
-    signature: Callable[[Violation, Run], Signature]  # its first violation -> (signature, reason)
+    function: Callable[[Any], list[Violation]]  # the subject's evidence -> violations
+    signature: Callable[[Violation, Any], Signature]  # its first violation -> (signature, reason)
     needs: tuple[Requirement, ...] = ()
     per_call: bool = False  # judged on every target call (an invariant), not on the run's output
+    subject: str = "batch"  # what it judges: "batch" (a `Run`), "paged" (a vLLM `PagedTrace`)
 
     def unmet(self, run: Run) -> Requirement | None:
         """The first requirement `run` does not offer (None: the check applies)."""
@@ -187,6 +196,21 @@ class Check:
         """None when the check judges `run`, else why it is not applicable."""
         unmet = self.unmet(run)
         return None if unmet is None else unmet.reason
+
+
+PAGED_SIGNATURES = {
+    "query-positions": "position-id",
+    "greedy-commit": "bonus",
+    "query-spans": "bookkeeping",
+    "live-request": "bookkeeping",
+    "draft-count": "bookkeeping",
+}
+"""The paged rules that are not KV drift (every other one: the wrong slots or stale K/V are read)."""
+
+
+def paged_signature(first: Violation, trace: Any = None) -> Signature:
+    signature = PAGED_SIGNATURES.get(first.rule, "kv-drift")
+    return signature, f"the paged layout breaks {first.rule} ({first.found})"
 
 
 def liveness(run: Run) -> list[Violation]:
@@ -266,6 +290,18 @@ CHECKS: tuple[Check, ...] = (
         scheduling_signature("the output depends on the order of requests in the pool"),
         needs=(A_BATCH, BUILT_IN_MODEL),
     ),
+    Check(
+        "paged",
+        "vLLM paged layout",
+        "every target forward of an in-process vLLM: the query spans partition the packed tokens, each request's "
+        "context length is its committed tokens plus its query, its positions continue its committed length, each "
+        "token is written at `block_table[pos // block_size] * block_size + pos % block_size` of its own request, "
+        "no block is written by two live requests, and every attended slot holds that request's own K/V",
+        check_paged,
+        paged_signature,
+        per_call=True,
+        subject="paged",
+    ),
 )
 
 CHECK_ORDER = tuple(check.name for check in CHECKS)
@@ -343,9 +379,14 @@ class Evaluation:
         return next(o for o in self.outcomes if o.check == check_named(name).name)
 
 
+BATCH_CHECKS = tuple(check for check in CHECKS if check.subject == "batch")
+BATCH_ORDER = tuple(check.name for check in BATCH_CHECKS)
+"""What a batch run (a decoder's, a real model's) is judged by: every check but the paged layout's."""
+
+
 def evaluate(run: Run) -> Evaluation:
-    """Every check on `run`; after a contract break the others are not applicable."""
-    return Evaluation(tuple(judge(check.name, run) for check in CHECKS))
+    """Every check of a batch run on `run`; after a contract break the others are not applicable."""
+    return Evaluation(tuple(judge(check.name, run) for check in BATCH_CHECKS))
 
 
 def all_violations(run: Run) -> list[Violation]:
@@ -380,6 +421,8 @@ def markdown_table() -> str:
     ]
     for check in CHECKS:
         when = "; ".join(need.reason for need in check.needs) or "-"
+        if check.subject == "paged":
+            when = "any batch run: it judges an in-process vLLM trace (`specaudit observe-vllm`, `make test-vllm`)"
         lines.append(f"| `{check.name}` | {check.title} | {check.statement} | {when} |")
     return "\n".join(lines)
 

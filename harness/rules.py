@@ -71,6 +71,22 @@ CHECK_RULES: dict[str, frozenset[str]] = {
     "liveness": frozenset({"request-finishes", "bounded-queue", "bounded-wait", "finishes", "wait-bound"}),
     "grouped-no-realignment": frozenset({"slots-stay"}),
     "order-independence": frozenset({"keeps-contract", "same-output"}),
+    "paged": frozenset(  # specaudit.checks.paged.RULES: the paged layout of an in-process vLLM
+        {
+            "query-spans",
+            "live-request",
+            "context-length",
+            "query-positions",
+            "query-tokens",
+            "draft-count",
+            "slot-mapping",
+            "block-shared",
+            "kv-provenance",
+            "kv-overwritten",
+            "greedy-commit",
+            "kv-entry",
+        }
+    ),
 }
 """Check name (in the registry's order) -> the rule names its violations carry."""
 

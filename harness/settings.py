@@ -212,3 +212,36 @@ class BlackboxSettings:
             raise UsageError("give --server URL (an OpenAI-compatible server) or --engine MODULE:ATTR")
         elif self.target is None:
             raise UsageError("--target is required: the model the server or engine runs (name or directory)")
+
+
+VLLM_DEFAULT_PYTHON = ".venv-vllm/bin/python"
+VLLM_CONFIGURATIONS = ("control", "ngram", "draft")
+VLLM_MODEL_NAMES = ("tiny", "smollm2")
+
+
+@dataclass(frozen=True)
+class VllmAuditSettings:
+    """Which models and configurations, how many requests, where the vLLM venv is."""
+
+    python: str = VLLM_DEFAULT_PYTHON
+    models: tuple[str, ...] = VLLM_MODEL_NAMES
+    configurations: tuple[str, ...] = VLLM_CONFIGURATIONS
+    requests: int = 16
+    max_new_tokens: int = 32
+    seed: int = 0
+    spread: float = 0.5
+    health_timeout_s: float = 300.0
+    request_timeout_s: float = 300.0
+    out: Path = Path("specaudit-out/vllm")
+    cache: Path | None = None
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.models if m not in VLLM_MODEL_NAMES] + [
+            c for c in self.configurations if c not in VLLM_CONFIGURATIONS
+        ]
+        if bad or not self.models or not self.configurations:
+            raise UsageError(f"unknown or no models/configurations {bad}; models: {', '.join(VLLM_MODEL_NAMES)}; "
+                             f"configurations: {', '.join(VLLM_CONFIGURATIONS)}")  # fmt: skip
+        if self.requests < 1 or self.max_new_tokens < 1:
+            raise UsageError(f"--requests and --max-new-tokens must be >= 1, got {self.requests}, "
+                             f"{self.max_new_tokens}")  # fmt: skip

@@ -3,9 +3,13 @@
 Adds the short `--decoder`/`--models` spellings of the plugin's `--specaudit-*` options and
 `--engine` for continuous-batching engines (`properties/test_engines.py`),
 registers and loads specaudit's Hypothesis profiles (`specaudit-ci` when `CI` is set,
-`specaudit-dev` otherwise, unless `--hypothesis-profile` says), gives each parametrization of a
-derandomized property its own seed (`pytest_runtest_call`) and keeps each xdist worker on one
-torch thread.
+`specaudit-dev` otherwise, unless `--hypothesis-profile` says), seeds each parametrization's
+properties alike (`pytest_runtest_call`), keeps them on one xdist worker (`loadgroup`) and each
+worker on one torch thread.
+
+Cases drawn once are judged by every check: each property of one decoder x model draws the same
+cases from the same seed, on the same worker, so `specaudit.runner.cached_run` runs each case
+once and the eight checks read that one run; the suite still reports each check by name.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("filterwarnings", warning)
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile(default_profile())
+    if getattr(config.option, "dist", None) == "load":  # -n N alone: group a parametrization's properties
+        config.option.dist = "loadgroup"
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Tiny models gain nothing from intra-op threads; N workers x N threads thrash the cores.
         import torch
@@ -57,28 +63,54 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# One seed per parametrization: derandomize seeds from the test function alone, so without this
-# every decoder x model of a property would draw the same choice sequence (the same cases).
+# One seed per parametrization, shared by its properties: derandomize seeds from the test
+# function alone, so without this every decoder x model of a property would draw the same cases,
+# and the eight properties of one decoder x model would each draw, and run, cases of their own.
+
+
+def parametrization(item: pytest.Item) -> str:
+    """What an item's seed and worker are keyed on: its parameters (`[decoder-model]`), not its property."""
+    callspec = getattr(item, "callspec", None)
+    return f"[{callspec.id}]" if callspec is not None else item.name
+
+
+def run_seed(config: pytest.Config) -> str:
+    """Under a random profile: one seed for the whole run, shared by xdist's workers (its run id)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return str(workerinput["testrunuid"])
+    if not hasattr(config, "_specaudit_run_seed"):
+        config._specaudit_run_seed = os.urandom(8).hex()  # type: ignore[attr-defined]
+    return config._specaudit_run_seed  # type: ignore[attr-defined]
 
 
 def item_seed(item: pytest.Item) -> Hashable | None:
-    """The seed an item's Hypothesis test should run with, or None to leave Hypothesis be.
+    """The seed an item's Hypothesis test runs with, or None to leave Hypothesis be.
 
-    Only under a derandomized profile (specaudit-ci): there `--hypothesis-seed N` wins (Hypothesis
-    alone would ignore it), else a hash of the item's name (property, decoder, model), stable
-    across runs, processes and invocation directories. Under the dev profile Hypothesis keeps its
-    randomness (and its own `--hypothesis-seed`); an explicit `@seed` on the test always wins.
+    A hash of the item's parametrization (decoder, model), so the properties of one parametrization
+    draw alike and different parametrizations differ: under a derandomized profile (specaudit-ci)
+    stable across runs, processes and invocation directories, and `--hypothesis-seed N` wins; under
+    a random profile (specaudit-dev) mixed with a seed drawn once per run, so each run explores
+    anew (and Hypothesis's own `--hypothesis-seed` applies as usual). An explicit `@seed` wins.
     """
     from hypothesis import settings
 
-    if getattr(item, "obj", None) is None or not hasattr(item.obj, "hypothesis") or not settings.default.derandomize:
+    if getattr(item, "obj", None) is None or not hasattr(item.obj, "hypothesis"):
         return None
     if getattr(item.obj, "_hypothesis_internal_use_seed", None) is not None:  # what @seed sets
         return None
     forced = item.config.getoption("hypothesis_seed", default=None)
+    if not settings.default.derandomize:
+        if forced is not None:
+            return None
+        return digest(run_seed(item.config) + parametrization(item))
     if forced is not None:
         return as_seed(forced)
-    return int.from_bytes(hashlib.sha256(item.name.encode()).digest()[:8], "big")
+    return digest(parametrization(item))
+
+
+def digest(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 def as_seed(text: str) -> Hashable:
@@ -125,6 +157,13 @@ def add_engine_option(parser: pytest.Parser) -> None:
         metavar="MODULE:ATTR",
         help="continuous-batching engine under test (repeatable); default: the reference engines",
     )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A parametrization's properties on one worker (under `--dist loadgroup`), where they share runs."""
+    for item in items:
+        if item.get_closest_marker("specaudit") is not None and getattr(item, "callspec", None) is not None:
+            item.add_marker(pytest.mark.xdist_group(parametrization(item)))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

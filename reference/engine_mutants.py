@@ -4,7 +4,10 @@ Each is a negative control for a check of `specaudit.engine_machine` (checks in 
 contract, I1, I2, equivalence, liveness). `ENGINE_CATALOG` maps name to class; every entry runs
 as `--engine specaudit.reference.engine_mutants:NAME`. Each class carries a `bug: EngineBugInfo`
 whose `first_check` and `rule` were measured with the state machine on its shrunk failing
-sequence (tests/test_engines.py keeps them honest).
+sequence, and whose `signature` is the one the engine diagnosis derives from that failure by
+the registry's mapping (`specaudit.engine_machine.diagnose_engine`); tests/test_engines.py
+keeps all three honest. A retired row attended is a stale row attended: kv-drift, as the
+registry maps every I2 slot fault, even where the live requests' outputs stay right.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from specaudit.reference.eqspec import BatchState, left_pad_positions
 class EngineBugInfo:
     bug_class: str  # short description
     seen_in: str  # where that class of bug is seen ("—": nowhere in particular)
-    signature: str  # one of specaudit.registry.SIGNATURES
+    signature: str  # one of specaudit.registry.SIGNATURES: what the engine diagnosis derives
     first_check: str  # first failing check: contract, I1, I2, equivalence, liveness
     rule: str  # the rule of that check the shrunk failure breaks
 
@@ -92,7 +95,7 @@ class StarvesLateArrivals(EqSpecEngine):
     arrival waits until every running request has finished."""
 
     bug = EngineBugInfo(
-        "starvation of late arrivals", "static batching behind a queue", "bookkeeping", "liveness", "wait-bound"
+        "starvation of late arrivals", "static batching behind a queue", "scheduling", "liveness", "wait-bound"
     )
 
     def admission_room(self) -> int:
@@ -107,7 +110,7 @@ class FinishedKeptInBatch(EqSpecEngine):
     """Finished rows stay in the verification batch (their tokens are dropped by commit) until
     every row has finished, as a static batch does."""
 
-    bug = EngineBugInfo("a finished request kept in the verification batch", "—", "bookkeeping", "I2", "retired-row")
+    bug = EngineBugInfo("a finished request kept in the verification batch", "—", "kv-drift", "I2", "retired-row")
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
@@ -119,7 +122,7 @@ class FinishedKeptInBatch(EqSpecEngine):
 class AbortLeavesRowAttended(EqSpecEngine):
     """abort() silences the request but leaves its row in the batch, still verified."""
 
-    bug = EngineBugInfo("abort leaves the row attended", "—", "bookkeeping", "I2", "retired-row")
+    bug = EngineBugInfo("abort leaves the row attended", "—", "kv-drift", "I2", "retired-row")
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -185,7 +188,7 @@ class FreeListOffByOne(ExSpecEngine):
     """The pool returns slot i + 1 to the free list when slot i empties: the finished request
     stays in its slot, and a newcomer can overwrite a running one."""
 
-    bug = EngineBugInfo("an off-by-one in the slot free list", "—", "bookkeeping", "contract", "has-unfinished")
+    bug = EngineBugInfo("an off-by-one in the slot free list", "—", "contract", "contract", "has-unfinished")
 
     def release(self, request_id: int) -> None:
         for slot, s in enumerate(self.slots):

@@ -7,6 +7,10 @@ With `keep_kv` the oracle also keeps its own final cache (prompt and every gener
 the last one fed once more) on the CPU, flattened one row per slot (`kv_rows`). I2 slices it
 as the batch-size-1 reference K/V of any row whose tokens are a prefix of the oracle's, so
 a row that matches the oracle costs no second batch-size-1 run.
+
+`answer_oracle` is the same oracle made as fast as the engine it judges: given the engine's
+answer, one teacher-forced forward proves every token whose argmax it reproduces by a clear
+margin, and only past the first doubt does it decode step by step.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import cache_layers, call_model
+from specaudit.compat import cache_layers, call_model, last_logits
 
 StopReason = Literal["eos", "length"]
 
@@ -87,6 +91,93 @@ def greedy_oracle(
         if stop is not None:
             kv = kv_rows([(k[:1, :, :length], v[:1, :, :length]) for k, v in cache_layers(cache)])  # [n, F]
             return OracleResult(tuple(tokens), stop, tuple(margins), kv.detach().to("cpu", copy=True))
+
+
+PROOF_MARGIN = {torch.float64: 1e-7, torch.float32: 1e-2, torch.float16: 0.25, torch.bfloat16: 0.5}
+"""Top-1/top-2 margin above which a teacher-forced argmax stands for the step-by-step one: far
+beyond the gap between a prefill's and a decode step's arithmetic (a tie is judged at 1e-4 in float32)."""
+
+
+def stop_reason(tokens: list[int], max_new_tokens: int, eos_token_id: int | None) -> StopReason | None:
+    if tokens and tokens[-1] == eos_token_id:
+        return "eos"
+    return "length" if len(tokens) >= max_new_tokens else None
+
+
+@torch.no_grad()
+def proven_prefix(
+    target: torch.nn.Module, context: tuple[int, ...], answer: tuple[int, ...], margin: float
+) -> tuple[list[int], list[float]]:
+    """The longest prefix of `answer` that greedy decoding after `context` provably produces.
+
+    One forward over context + answer[:-1] at batch size 1: the logits at position L-1+i score
+    answer[i] given answer[:i] (the LM head runs on those n positions only). Greedy agrees at i
+    when argmax == answer[i]; the proof holds while the top-1/top-2 gap exceeds `margin` (past
+    that, noise could flip it)."""
+    if not answer:
+        return [], []
+    ids = torch.tensor([context + answer[:-1]], device=model_device(target))  # [1, L + n - 1]
+    scored = last_logits(target, ids, len(answer))[0].double()  # [n, V]: position L-1+i scores answer[i]
+    top = scored.topk(2, dim=-1)
+    gaps = (top.values[:, 0] - top.values[:, 1]).tolist()
+    picks = top.indices[:, 0].tolist()
+    proven = 0
+    while proven < len(answer) and picks[proven] == answer[proven] and gaps[proven] > margin:
+        proven += 1
+    return list(answer[:proven]), gaps[:proven]
+
+
+def through_eos(tokens: list[int], margins: list[float], eos_token_id: int | None) -> tuple[list[int], list[float]]:
+    """Greedy decoding stops after EOS: nothing past the first one counts."""
+    if eos_token_id not in tokens:
+        return tokens, margins
+    end = tokens.index(eos_token_id) + 1
+    return tokens[:end], margins[:end]
+
+
+def answer_oracle(
+    target: torch.nn.Module,
+    prompt: tuple[int, ...],
+    answer: tuple[int, ...],
+    *,
+    max_new_tokens: int,
+    eos_token_id: int | None,
+) -> OracleResult:
+    """`greedy_oracle`'s result, found by checking `answer` rather than decoding blind.
+
+    The answer's prefix is proven teacher-forced; at the first doubt (a near-tie or a
+    disagreement) one greedy step decides; while it agrees with the answer proof resumes after
+    it, and once it leaves the answer the rest is decoded step by step. A right answer costs
+    one forward instead of one per token."""
+    margin = PROOF_MARGIN.get(next(target.parameters()).dtype, PROOF_MARGIN[torch.float32])
+    tokens: list[int] = []
+    margins: list[float] = []
+    while stop_reason(tokens, max_new_tokens, eos_token_id) is None:
+        context = prompt + tuple(tokens)
+        proven, gaps = proven_prefix(target, context, answer[len(tokens) : max_new_tokens], margin)
+        proven, gaps = through_eos(proven, gaps, eos_token_id)
+        tokens, margins = tokens + proven, margins + gaps
+        if stop_reason(tokens, max_new_tokens, eos_token_id) is not None:
+            break
+        on_answer = len(tokens) < len(answer)
+        budget = 1 if on_answer else max_new_tokens - len(tokens)
+        step = greedy_oracle(target, prompt + tuple(tokens), max_new_tokens=budget, eos_token_id=eos_token_id)
+        tokens, margins = tokens + list(step.tokens), margins + list(step.margins)
+        if on_answer and step.tokens[0] != answer[len(tokens) - 1]:
+            on_answer = False
+            if stop_reason(tokens, max_new_tokens, eos_token_id) is None:
+                rest = greedy_oracle(
+                    target,
+                    prompt + tuple(tokens),
+                    max_new_tokens=max_new_tokens - len(tokens),
+                    eos_token_id=eos_token_id,
+                )
+                tokens, margins = tokens + list(rest.tokens), margins + list(rest.margins)
+        if not on_answer:
+            break
+    stop = stop_reason(tokens, max_new_tokens, eos_token_id)
+    assert stop is not None, "the oracle stops at EOS or the token limit"
+    return OracleResult(tuple(tokens), stop, tuple(margins))
 
 
 def truncate(

@@ -54,6 +54,13 @@ def good_generate(prompts: list[list[int]], max_new_tokens: int) -> list[list[in
     return [out[i] for i in range(len(prompts))]
 
 
+def plan_of(path: Path) -> dict[str, Any]:
+    """A black-box reproducer's plan and outcome, the file checked to be the envelope of its kind."""
+    data = json.loads(path.read_text())
+    assert (data["format"], data["version"], data["kind"]) == ("specaudit-reproducer", 2, "blackbox"), data
+    return {**data["subject"], **data["payload"], **data["evidence"]}
+
+
 def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("specaudit: error: ") and "Traceback" not in err, err
@@ -83,7 +90,7 @@ def test_correct_server_passes_and_its_reproducer_replays(serve, tmp_path: Path,
     rows = [line.split() for line in table.splitlines() if line.split()[:1] in [[str(i)] for i in range(5)]]
     assert len(rows) == 5 and all(row[5] == "exact" for row in rows), table
     assert "specaudit: sending 5 requests" in captured.err and "request 4: sent at" in captured.err
-    repro = json.loads((out / "repro.json").read_text())
+    repro = plan_of(out / "repro.json")
     assert repro["server"] == url and repro["seed"] == 3 and repro["outcome"]["passed"] is True
     sent = sorted((tuple(b["prompt"]), b["max_tokens"]) for b in seen)
     assert sorted((tuple(r["prompt"]), r["max_new_tokens"]) for r in repro["requests"]) == sent
@@ -103,7 +110,7 @@ def test_buggy_server_fails_with_reproducer_and_report(serve, tmp_path: Path, ca
     table = capsys.readouterr().out
     assert "FAIL" in table and "DIVERGED" in table and "output level only" in table, table
     report = json.loads((out / "report.json").read_text())
-    repro = json.loads((out / "repro.json").read_text())
+    repro = plan_of(out / "repro.json")
     diverged = report["diverged"]
     assert diverged and repro["outcome"]["passed"] is False, report["verdict"]
     assert sorted(int(i) for i in repro["outcome"]["diverged"]) == diverged
@@ -230,7 +237,7 @@ def test_text_prompts_and_a_model_directory(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     argv = ["blackbox", "--engine", f"{HERE}:good_engine", "--target", str(target_dir), "--prompts", str(prompts)]
     assert main([*argv, "--max-new-tokens", "6", "--out", str(out), "--quiet"]) == 0, capsys.readouterr().out
-    repro = json.loads((out / "repro.json").read_text())
+    repro = plan_of(out / "repro.json")
     tokenizer = tiny_tokenizer()
     expected = [tokenizer("hello there")["input_ids"], tokenizer("speculative decoding")["input_ids"]]
     assert [r["prompt"] for r in repro["requests"]] == expected

@@ -19,7 +19,7 @@ from specaudit.cli import main
 from specaudit.errors import UsageError
 from specaudit.models import DEFAULT_DECODERS, MODELS
 from specaudit.reference.mutants import CATALOG
-from specaudit.registry import CHECK_ORDER
+from specaudit.registry import BATCH_ORDER
 from specaudit.settings import AuditSettings, GateSettings, MinimizeSettings, RealAuditSettings
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
@@ -48,7 +48,7 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         (["audit", "--check-rate", "0.5"], "--check-rate needs --target"),
         (["audit", "--target", "t"], "--target needs --draft"),
         (["audit", "--target", "t", "--draft", "d", "--prompts", "p", "--check-rate", "2"], "--check-rate must be"),
-        (["replay", "missing.json", "--decoder", EQSPEC], "cannot read case file"),
+        (["replay", "missing.json", "--decoder", EQSPEC], "cannot read reproducer missing.json"),
         (["minimize", "missing.json", "--decoder", EQSPEC, "--budget", "0"], "--budget must be at least 1"),
     ],
 )
@@ -101,9 +101,9 @@ def test_audit_of_a_passing_decoder_reports_every_check(tmp_path: Path, capsys: 
     assert main(["audit", "--decoder", EQSPEC, "--models", "transparent", "--examples", "3", "--quiet",
                  "--out", str(tmp_path)]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    assert "1 as expected, 0 not" in out and all(check in out for check in CHECK_ORDER)
+    assert "1 as expected, 0 not" in out and all(check in out for check in BATCH_ORDER)
     (entry,) = json.loads((tmp_path / "report.json").read_text())
-    assert list(entry["checks"]) == list(CHECK_ORDER) and entry["checks"]["I2"] == "pass"
+    assert list(entry["checks"]) == list(BATCH_ORDER) and entry["checks"]["I2"] == "pass"
     assert set(entry["checks"].values()) <= {"pass", "n/a"} and entry["diagnosis"] is None
 
 
@@ -129,7 +129,7 @@ def test_replay_json_is_the_diagnosis(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["replay", str(path), "--decoder", MUTANT, "--json"]) == 1
     diagnosis = json.loads(capsys.readouterr().out)
     assert diagnosis["passed"] is False and diagnosis["first_check"] == "I2"
-    assert list(diagnosis["checks"]) == list(CHECK_ORDER) and diagnosis["checks"]["I2"] == "fail"
+    assert list(diagnosis["checks"]) == list(BATCH_ORDER) and diagnosis["checks"]["I2"] == "fail"
 
 
 # ---------------------------------------------------------------------------------------

@@ -390,12 +390,14 @@ def test_a_timeout_condemns_only_its_own_case() -> None:
     assert second.error is None and second.outputs is not None, f"a later case was condemned: {second.error}"
 
 
+@pytest.mark.slow
 def test_a_hangs_reproducer_is_the_case_that_hung(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Searching a decoder that hangs on two rows shrinks to a two-row case (every attempt runs
     a fresh decoder that can time out again, nothing is condemned in advance), and replaying the
     reproducer written for it reports 'generate-returns' again."""
     from specaudit import runner
-    from specaudit.reproducer import failure_record, replay, write_reproducer
+    from specaudit.replay import replay
+    from specaudit.reproducer import failure_record, write_reproducer
     from specaudit.search import search
 
     monkeypatch.setattr(runner, "IDLE_FLOOR_S", 0.3)

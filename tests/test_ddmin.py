@@ -167,6 +167,7 @@ def minimize(*argv: str) -> int:
     return main(["minimize", *argv])
 
 
+@pytest.mark.slow
 def test_minimize_command_writes_reproducer_and_regression_test(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], pytester: pytest.Pytester
 ) -> None:
@@ -179,7 +180,8 @@ def test_minimize_command_writes_reproducer_and_regression_test(
     assert "8 rows before, 1 after" in stdout and "decoder runs" in stdout
     reproducer, test = out / "batch8.json", out / "test_regression_batch8.py"
     document = json.loads(reproducer.read_text())
-    assert document["decoder"] == REJECTED_KV and document["evidence"][0]["check"] == "I2"
+    assert document["kind"] == "decoder-case" and document["subject"]["decoder"] == REJECTED_KV
+    assert document["evidence"]["first_check"] == "I2" and document["evidence"]["violations"][0]["check"] == "I2"
     assert Case.from_json(document).batch_size == 1
 
     result = pytester.runpytest_subprocess(
@@ -206,9 +208,9 @@ def test_minimize_of_a_passing_case_exits_0(tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.parametrize(
     ("content", "decoder", "message"),
     [
-        (None, EQSPEC, "cannot read case file"),
-        ("{not json", EQSPEC, "is not JSON"),
-        ('{"format": "other"}', EQSPEC, "not a specaudit case"),
+        (None, EQSPEC, "cannot read reproducer"),
+        ("{not json", EQSPEC, "not JSON"),
+        ('{"format": "other"}', EQSPEC, "is not a specaudit reproducer"),
         ("CASE", "specaudit.reference.nosuchmodule:X", "not found"),
         ("CASE", "specaudit.reference.eqspec", "not of the form module:attr"),
         ("UNKNOWN_MODEL", EQSPEC, "unknown model"),

@@ -19,6 +19,7 @@ from specaudit.cli import main
 from specaudit.engine_machine import DEFAULT_ENGINES, ENGINE_CHECKS, replay
 from specaudit.models import MODELS
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
+from specaudit.reproducer import load_engine_reproducer
 from specaudit.settings import AuditSettings
 
 EQSPEC_ENGINE = "specaudit.reference.engines:EqSpecEngine"
@@ -42,6 +43,7 @@ def only_json(directory: Path) -> Path:
 # audit --engine, then replay and minimize on what it wrote
 
 
+@pytest.mark.slow
 def test_audit_of_a_reference_engine_passes(capsys: pytest.CaptureFixture[str]) -> None:
     """On every built-in model: the transparent one and the tiny real ones (K/V read by I2)."""
     assert main(["audit", "--engine", EQSPEC_ENGINE, "--examples", "5", "--quiet"]) == 0
@@ -51,6 +53,7 @@ def test_audit_of_a_reference_engine_passes(capsys: pytest.CaptureFixture[str]) 
     assert "align%" not in out, "--engine alone audits no decoder (no decoder table)"
 
 
+@pytest.mark.slow
 def test_planted_engine_bug_fails_replays_and_minimizes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """audit writes the shrunk rules; replay reproduces them (the reference engine passes them);
     minimize shrinks a padded copy back and writes a regression test that fails on the bug only."""
@@ -62,7 +65,8 @@ def test_planted_engine_bug_fails_replays_and_minimizes(tmp_path: Path, capsys: 
     assert [r["kind"] for r in report] == ["engine"] and report[0]["rule"] == "has-unfinished", report
     reproducer = only_json(tmp_path / "a" / "repro")
     written = json.loads(reproducer.read_text())
-    assert written["ops"] and written["first_check"] == "contract", written
+    assert written["kind"] == "engine-ops" and written["payload"]["ops"], written
+    assert written["evidence"]["first_check"] == "contract", written
 
     assert main(["replay", str(reproducer)]) == 1, "the file names its engine: --engine may be left out"
     assert "has-unfinished" in capsys.readouterr().out
@@ -72,14 +76,14 @@ def test_planted_engine_bug_fails_replays_and_minimizes(tmp_path: Path, capsys: 
     assert "passes every check" in capsys.readouterr().out
 
     extra = [{"op": "add", "id": 7, "prompt": [40, 41], "max_new_tokens": 3, "accept": "1100000"}, {"op": "step"}]
-    padded = dict(written, ops=extra + written["ops"])
+    padded = dict(written, payload=dict(written["payload"], ops=extra + written["payload"]["ops"]))
     source = tmp_path / "padded.json"
     source.write_text(json.dumps(padded))
     assert main(["minimize", str(source), "--engine", FREE_LIST, "--out", str(tmp_path / "m")]) == 1
     out = capsys.readouterr().out
-    assert f"{len(padded['ops'])} rules -> " in out, out
-    minimized = json.loads((tmp_path / "m" / "padded.json").read_text())
-    assert len(minimized["ops"]) < len(padded["ops"]), minimized["ops"]
+    assert f"{len(padded['payload']['ops'])} rules -> " in out, out
+    minimized = load_engine_reproducer(tmp_path / "m" / "padded.json")
+    assert len(minimized["ops"]) < len(padded["payload"]["ops"]), minimized["ops"]
     assert replay(minimized)[0].rule == "has-unfinished"
     (test,) = (tmp_path / "m").glob("test_regression_*.py")
     compile(test.read_text(), str(test), "exec")
@@ -129,7 +133,7 @@ def test_default_audit_catches_each_planted_engine_bug_cheaply(name: str) -> Non
         (["audit", "--engine", "specaudit.reference.engines"], "not of the form module:attr"),
         (["gate", "--engine", "nope.nothing:X"], "engine module 'nope.nothing' not found"),
         (["audit", "--target", "t", "--engine", EQSPEC_ENGINE], "--engine has no real-model mode"),
-        (["minimize", "missing.json", "--engine", EQSPEC_ENGINE], "cannot read missing.json"),
+        (["minimize", "missing.json", "--engine", EQSPEC_ENGINE], "cannot read reproducer missing.json"),
     ],
 )
 def test_bad_engine_input_is_one_line_and_exit_2(
@@ -157,13 +161,14 @@ def test_engine_reproducer_checks(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "model 'gpt7' is not a built-in model" in one_error_line(capsys)
 
 
+@pytest.mark.slow
 def test_a_tiny_model_failure_replays_on_its_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An engine failure on tiny GPT-2 leaves a reproducer and a regression test that name the
     model, so both replay it there (on the transparent model the rules would be another test)."""
     argv = ["audit", "--engine", ADMIT_POSITIONS, "--models", "gpt2", "--examples", "10", "--quiet"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 1
     reproducer = only_json(tmp_path / "a" / "repro")
-    assert json.loads(reproducer.read_text())["model"] == "gpt2"
+    assert json.loads(reproducer.read_text())["subject"]["model"] == "gpt2"
     (test,) = (tmp_path / "a" / "repro").glob("test_regression_*.py")
     assert "'model': 'gpt2'" in test.read_text()
     capsys.readouterr()
@@ -191,7 +196,7 @@ def test_gate_runs_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     failure = cases[0].find("failure")
     assert failure is not None and failure.get("type") == "contract", ET.tostring(cases[0])
     assert cases[1].find("failure") is None
-    assert replay(json.loads(only_json(out).read_text()))[0].rule == "has-unfinished"
+    assert replay(load_engine_reproducer(only_json(out)))[0].rule == "has-unfinished"
 
     xfails = tmp_path / "xfails.txt"
     xfails.write_text(f"{FREE_LIST}  transparent  contract  has-unfinished\n")
@@ -201,6 +206,7 @@ def test_gate_runs_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert skipped is not None and skipped.get("type") == "xfail"
 
 
+@pytest.mark.slow
 def test_suite_runs_the_engine_property_only(tmp_path: Path) -> None:
     """`specaudit suite --engine X` runs the shipped engine property on X (not the batch properties)."""
     env = dict(os.environ, CI="")

@@ -1,10 +1,13 @@
 """The engine state machine's own tests: planted engine bugs are caught with their expected first
-check and a short shrunk rule sequence that replays; correct engines (the references and one
-written independently of them) pass; contract breaches are reported with the rule they break."""
+check, a short shrunk rule sequence that replays, and the catalog's signature as the diagnosis
+derives it; correct engines (the references and one written independently of them) pass, with
+duplicate prompts among concurrent requests drawn; contract breaches are reported with the rule
+they break."""
 
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from typing import Any
 
@@ -12,17 +15,24 @@ import pytest
 import torch
 from hypothesis.stateful import run_state_machine_as_test
 
+from specaudit.checks.rows import observe
 from specaudit.determinism import without_local_constants
 from specaudit.engine import EngineLoadError, load_engine
 from specaudit.engine_machine import (
+    DEFAULT_ENGINES,
     EngineFailure,
     EngineSession,
     Request,
+    RowRead,
+    Stream,
+    bind_rows,
+    event_shares,
     machine_for,
     machine_settings,
     replay,
     run_machine,
 )
+from specaudit.fixtures import VOCAB_SIZE
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
 from specaudit.reference.engines import EqSpecEngine
 from specaudit.registry import SIGNATURES
@@ -38,20 +48,28 @@ CORRECT_ENGINES = (
 KILL_EXAMPLES = 30  # the ci profile's budget
 KILL_STEPS = 12
 MAX_SHRUNK_RULES = 8
+DUPLICATE = "duplicate prompt among concurrent requests"
+MIN_DUPLICATE_SHARE = 0.1
 
 
-def kill(spec: str) -> EngineFailure | None:
-    """Run the machine deterministically (derandomized, no database); the shrunk failure or None."""
+def kill(spec: str, shares: dict[str, float] | None = None) -> EngineFailure | None:
+    """Run the machine deterministically (derandomized, no database); the shrunk failure or None.
+    `shares` gets the share of runs with each event."""
+    machine = machine_for(spec)
     try:
         with without_local_constants():  # what is drawn must not depend on what the worker imported before
             run_state_machine_as_test(
-                machine_for(spec), settings=machine_settings(KILL_EXAMPLES, KILL_STEPS, derandomize=True, database=None)
+                machine, settings=machine_settings(KILL_EXAMPLES, KILL_STEPS, derandomize=True, database=None)
             )
     except EngineFailure as failure:
         return failure
+    finally:
+        if shares is not None:
+            shares.update(event_shares(machine))
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ENGINE_CATALOG))
 def test_planted_engine_bug_is_caught(name: str) -> None:
     bug = ENGINE_CATALOG[name].bug
@@ -69,13 +87,159 @@ def test_planted_engine_bug_is_caught(name: str) -> None:
     assert replayed and (replayed[0].check, replayed[0].rule) == (first.check, first.rule), (
         f"{name}: replay of the reproducer gave {replayed[:1]}, but should fail {first.check}/{first.rule}"
     )
+    diagnosis = failure.diagnosis
+    assert diagnosis.signature == bug.signature, (
+        f"{name}: diagnosed signature {diagnosis.signature} ({diagnosis.reason}), but the catalog says {bug.signature}"
+    )
+    assert (diagnosis.first_check, diagnosis.rule, diagnosis.request) == (first.check, first.rule, first.request)
+    assert diagnosis.step is not None and diagnosis.step >= 0, f"{name}: no engine step in {diagnosis}"
+    assert diagnosis.render() in str(failure), f"{name}: the failure message lacks its diagnosis:\n{failure}"
     print(f"{name}: {first.check}/{first.rule} in {time.perf_counter() - started:.1f} s, shrunk to {rules} rules")
 
 
 @pytest.mark.parametrize("spec", CORRECT_ENGINES)
 def test_correct_engine_passes(spec: str) -> None:
-    failure = kill(spec)
+    shares: dict[str, float] = {}
+    failure = kill(spec, shares)
     assert failure is None, f"{spec} is correct but failed:\n{failure}"
+    if spec in DEFAULT_ENGINES:  # the strategy draws duplicate prompts among concurrent requests, and they pass
+        share = shares.get(DUPLICATE, 0.0)
+        assert share >= MIN_DUPLICATE_SHARE, f"{spec}: {share:.0%} of runs had {DUPLICATE}, want >= 10%: {shares}"
+
+
+# ---------------------------------------------------------------------------------------
+# Duplicate prompts: rows are bound by progress, not by prompt
+
+
+def add(request_id: int, prompt: list[int], max_new: int, accept: str) -> dict[str, Any]:
+    return {"op": "add", "id": request_id, "prompt": prompt, "max_new_tokens": max_new, "accept": accept}
+
+
+DUPLICATE_OPS = [
+    add(0, [5, 6], 10, "0" * 14),
+    add(1, [5, 6], 8, "0" * 12),  # the same prompt, another limit
+    {"op": "step"},
+    add(2, [5, 6], 6, "0" * 10),  # arrives mid-flight with the same prompt again, behind the other two
+    add(3, [9], 3, "000000"),
+    {"op": "step"},
+    {"op": "abort", "id": 0},
+    {"op": "step"},
+    {"op": "drain"},
+]
+BASE = {"num_draft_tokens": 2, "eos_token_id": None, "pad_token_id": 0, "model": "transparent"}
+
+
+def apply(session: EngineSession, ops: list[dict[str, Any]]) -> None:
+    """The rules of a reproducer on an open session (as `replay` runs them), drain excepted."""
+    for op in ops:
+        if op["op"] == "add":
+            accept = tuple(c == "1" for c in op["accept"])
+            session.add(Request(op["id"], tuple(op["prompt"]), op["max_new_tokens"], accept))
+        elif op["op"] == "abort":
+            session.abort(op["id"])
+        elif op["op"] == "step":
+            session.step()
+
+
+def rows_holding(session: EngineSession, prompt: list[int]) -> int:
+    """The most rows of one target call whose attended stream starts with `prompt`."""
+    counts = []
+    for call in session.recording.target_calls:
+        obs = observe(call, exact=True)
+        leading = obs.tokens[:, : len(prompt)].tolist()
+        counts.append(sum(int(n) >= len(prompt) and t == prompt for t, n in zip(leading, obs.length)))
+    return max(counts, default=0)
+
+
+@pytest.mark.parametrize("spec", DEFAULT_ENGINES)
+def test_duplicate_prompts_replay_on_a_reference_engine(spec: str) -> None:
+    """Three requests with one prompt run side by side (arrivals, an abort): the reference engines
+    pass, with several rows of one target call holding that prompt, each judged."""
+    assert replay({**BASE, "engine": spec, "ops": DUPLICATE_OPS}) == []
+    session = EngineSession(spec, 2, None, 0)
+    try:
+        apply(session, DUPLICATE_OPS[:-1])
+        session.drain()
+        assert session.events[DUPLICATE] == 2, f"{spec}: {session.events}"
+        rows = rows_holding(session, [5, 6])
+        assert rows >= 2, f"{spec}: at most {rows} row of a target call held prompt [5, 6], want two at once"
+        for r in (1, 2):
+            got, want = session.book.requests[r].tokens, list(session.tracked[r].expected)
+            assert got == want, f"{spec}: request {r} got {got}, but the oracle says {want}"
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "ops"),
+    [
+        ("FinishedKeptInBatch", [add(0, [5, 6], 2, "000000"), add(1, [5, 6], 8, "0" * 12), {"op": "step"}]),
+        ("AbortLeavesRowAttended", [add(0, [5, 6], 6, "000000000"), add(1, [5, 6], 6, "000000000"), {"op": "step"}]),
+    ],
+)
+def test_planted_bug_caught_among_duplicate_prompts(name: str, ops: list[dict[str, Any]]) -> None:
+    """A retired row beside a live request with the same prompt is still the retired request's
+    row (the live one takes one row, the other is left over): caught as on distinct prompts,
+    where the reference engine passes the same rules."""
+    rules = ops + ([{"op": "abort", "id": 0}] if name == "AbortLeavesRowAttended" else []) + [{"op": "step"}]
+    assert replay({**BASE, "engine": DEFAULT_ENGINES[0], "ops": rules}) == []
+    found = replay({**BASE, "engine": f"specaudit.reference.engine_mutants:{name}", "ops": rules})
+    assert found and (found[0].check, found[0].rule) == ("I2", "retired-row"), f"{name}: {found[:1]}"
+    assert found[0].request == 0, f"{name}: the left-over row is bound to {found[0].request}, not retired request 0"
+
+
+def read(row: int, candidates: tuple[int, ...]) -> RowRead:
+    return RowRead(row, 3, 2, [5, 6, 7], [0, 1, 2], [0, 1, 2], Stream(0, [5, 6, 7], None), 3, candidates)
+
+
+def test_bind_rows_matches_rows_one_to_one() -> None:
+    """Rows that cannot be told apart take distinct live requests, rerouting an earlier row when a
+    later one has no other choice; a row left over takes a retired candidate, else a duplicate."""
+    bound = bind_rows([read(0, (1, 2)), read(1, (1,))], {1, 2})
+    assert [(r.row, request, holder) for r, request, holder in bound] == [(0, 2, 0), (1, 1, 1)], bound
+    bound = bind_rows([read(0, (1, 0)), read(1, (1, 0))], {1})
+    assert [(request, holder) for _, request, holder in bound] == [(1, 0), (0, 1)], bound
+    bound = bind_rows([read(0, (1,)), read(1, (1,))], {1})
+    assert [(request, holder) for _, request, holder in bound] == [(1, 0), (1, 0)], bound
+
+
+# ---------------------------------------------------------------------------------------
+# The diagnosis of an engine's wrong token: the request re-run alone on the same engine
+
+
+class WrongLastToken(EqSpecEngine):
+    """Emits a wrong token in place of each step's last one (its own state stays right)."""
+
+    def step(self) -> dict[int, list[int]]:
+        return {r: tokens[:-1] + [(tokens[-1] + 1) % VOCAB_SIZE] for r, tokens in super().step().items()}
+
+
+class SwapsOutputs(EqSpecEngine):
+    """Hands requests 0 and 1 each other's tokens when both advance alike: right alone, wrong in a batch."""
+
+    def step(self) -> dict[int, list[int]]:
+        out = super().step()
+        if 0 in out and 1 in out and len(out[0]) == len(out[1]):
+            out[0], out[1] = out[1], out[0]
+        return out
+
+
+@pytest.mark.parametrize(("name", "signature"), [("WrongLastToken", "bonus"), ("SwapsOutputs", "bookkeeping")])
+def test_wrong_token_diagnosis_reruns_the_request_alone(name: str, signature: str) -> None:
+    session = EngineSession(f"{__name__}:{name}", 2, None, 0)
+    try:
+        with pytest.raises(EngineFailure) as caught:
+            session.add(request(0, (5, 6, 7), 4))
+            session.add(request(1, (9, 9), 4))
+            session.step()
+    finally:
+        session.close()
+    failure = caught.value
+    assert failure.first_check == "equivalence", str(failure)
+    assert failure.diagnosis.signature == signature, f"{name}: {failure.diagnosis.render()}"
+    assert failure.diagnosis.step == 1, failure.diagnosis
+    again = pickle.loads(pickle.dumps(failure))
+    assert again.diagnosis == failure.diagnosis, "a pickled failure diagnoses the same"
 
 
 # ---------------------------------------------------------------------------------------

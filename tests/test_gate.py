@@ -15,7 +15,7 @@ from specaudit.cli import main
 from specaudit.errors import UsageError
 from specaudit.reference.eqspec import EqSpec
 from specaudit.reference.mutants import RejectedKvAttended
-from specaudit.registry import CHECK_ORDER
+from specaudit.registry import BATCH_ORDER
 from specaudit.xfails import load_xfails
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
@@ -97,7 +97,7 @@ def test_reference_decoder_passes_the_gate(tmp_path: Path) -> None:
     p = props(case)
     assert p["cases"] == "3" and p["exact_match"] == "1" and p["signature"] == ""
     statuses = check_statuses(case)
-    assert list(statuses) == list(CHECK_ORDER)
+    assert list(statuses) == list(BATCH_ORDER)
     assert statuses["I2"] == statuses["liveness"] == "pass"  # EqSpec declares max_wait_calls = 0
     assert set(statuses.values()) <= {"pass", "n/a"}
     assert not (tmp_path / "repro").exists()
@@ -121,6 +121,7 @@ def test_planted_bug_fails_the_gate(tmp_path: Path) -> None:
     assert Case.load(tmp_path / "repro" / written[0]).batch_size <= 2
 
 
+@pytest.mark.slow
 def test_starving_scheduler_fails_the_gate(tmp_path: Path) -> None:
     """A decoder whose outputs are right but which serves one request at a time while declaring
     max_wait_calls = 0 fails the gate on liveness."""
@@ -154,6 +155,7 @@ def test_known_failure_is_reported_not_fatal(tmp_path: Path) -> None:
     assert not (tmp_path / "repro").exists()
 
 
+@pytest.mark.slow
 def test_new_failure_is_not_hidden_by_a_known_one(tmp_path: Path) -> None:
     """With the contract break listed as known, the search goes past the single-row cases that
     show it, finds the I2 bug of the batches and fails the gate on it; shrinking keeps the new

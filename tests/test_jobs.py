@@ -61,6 +61,7 @@ def audit(out: Path, jobs: int, capsys: pytest.CaptureFixture[str]) -> tuple[lis
     return rows, report, files
 
 
+@pytest.mark.slow
 def test_outputs_do_not_depend_on_the_number_of_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     serial = audit(tmp_path / "one", 1, capsys)
     parallel = audit(tmp_path / "two", 2, capsys)

@@ -40,6 +40,7 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CATALOG))
 def test_mutant_is_caught_with_a_small_case(name: str) -> None:
     """The search finds a failing case, its first failing check is the one the catalog names,
@@ -93,6 +94,7 @@ def test_catalog_is_complete_and_documented() -> None:
         assert bug.min_rows == 0 or (bug.min_rows > 2 and not bug.visible_at_batch_1), f"{name}: {bug.min_rows} rows"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["specaudit.reference.eqspec:EqSpec"])
 def test_reference_passes_the_same_search(spec: str) -> None:
     """EQSPEC fails no check in 50 examples of the search that catches every planted bug."""

@@ -7,7 +7,7 @@ import torch
 
 from specaudit.fixtures.tiny import build_tiny
 from specaudit.fixtures.transparent import TOP1_GAP, TransparentLM, transparent_target
-from specaudit.reference.oracle import greedy_oracle, top_margin, truncate
+from specaudit.reference.oracle import answer_oracle, greedy_oracle, top_margin, truncate
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((3, 1, 4), (0,), (127, 127, 5, 9, 2, 6, 5))
 
@@ -164,3 +164,54 @@ def test_oracle_eos_equals_hf_generate_on_tiny_llama() -> None:
     result = greedy_oracle(model, prompt, max_new_tokens=10, eos_token_id=eos)
     assert result.tokens == hf_greedy(model, prompt, 10, eos)
     assert result.stop == "eos" and result.tokens[-1] == eos
+
+
+def forwards(model: torch.nn.Module) -> list[int]:
+    """Counts the model's forwards (a hook the caller removes by dropping the model)."""
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+ANSWERS = {
+    "right": lambda right: right,
+    "diverges-at-3": lambda right: right[:3] + ((right[3] + 1) % 64,) + right[4:],
+    "wrong-first": lambda right: ((right[0] + 1) % 64,) + right[1:],
+    "short": lambda right: right[:4],
+    "long": lambda right: right + right,
+    "empty": lambda right: (),
+}
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+@pytest.mark.parametrize("model_name", ["llama", "qwen3"])
+def test_answer_oracle_equals_greedy_oracle(model_name: str, answer: str) -> None:
+    """Whatever the answer it checks, the teacher-forced oracle returns the step-by-step oracle's result."""
+    model = build_tiny(model_name)
+    prompt = (3, 1, 4, 1, 5)
+    expected = greedy_oracle(model, prompt, max_new_tokens=10, eos_token_id=None)
+    given = ANSWERS[answer](expected.tokens)
+    found = answer_oracle(model, prompt, given, max_new_tokens=10, eos_token_id=None)
+    assert found.tokens == expected.tokens and found.stop == expected.stop, f"answer {given}"
+    assert found.margins == pytest.approx(expected.margins, rel=1e-6, abs=1e-9)
+
+
+def test_answer_oracle_stops_at_eos_like_greedy_oracle() -> None:
+    """An answer that runs on past EOS (an engine told to ignore it) is cut where the oracle stops."""
+    model = build_tiny("llama")
+    prompt = (3, 1, 4, 1, 5)
+    blind = greedy_oracle(model, prompt, max_new_tokens=10, eos_token_id=None).tokens
+    eos = blind[first_new_index(blind, 3)]
+    expected = greedy_oracle(model, prompt, max_new_tokens=10, eos_token_id=eos)
+    found = answer_oracle(model, prompt, blind, max_new_tokens=10, eos_token_id=eos)
+    assert (found.tokens, found.stop) == (expected.tokens, "eos")
+
+
+def test_a_right_answer_costs_one_forward() -> None:
+    """The point of the teacher-forced oracle: one forward where the step-by-step one needs one per token."""
+    model = build_tiny("llama")
+    prompt = (3, 1, 4, 1, 5)
+    right = greedy_oracle(model, prompt, max_new_tokens=12, eos_token_id=None).tokens
+    calls = forwards(model)
+    answer_oracle(model, prompt, right, max_new_tokens=12, eos_token_id=None)
+    assert len(calls) == 1, f"{len(calls)} forwards for a right 12-token answer, expected 1"

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds a wheel and installs it into fresh venvs
+
 ROOT = Path(__file__).resolve().parents[1]
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 PLANTED = "specaudit.reference.mutants:rejected_kv_attended"

@@ -77,11 +77,14 @@ def pytest_configure(config):
 
 RECORD_CASES = """
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+import specaudit.runner
 
 
 @pytest.hookimpl(trylast=True)
@@ -93,20 +96,26 @@ def pytest_configure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    real, drawn = item.module.cached_run, []
+    real, drawn, runs = item.module.cached_run, [], []
+    real_run = specaudit.runner.run_case
 
     def recording(spec, case):
         # what was drawn, but the model and the EOS and pad ids (picked from the model's oracle)
         drawn.append(repr(replace(case, model="?", eos_token_id=None, pad_token_id=0)))
         return real(spec, case)
 
-    item.module.cached_run = recording
+    def counting(spec, case):
+        runs.append(1)
+        return real_run(spec, case)
+
+    item.module.cached_run, specaudit.runner.run_case = recording, counting
     try:
         yield
     finally:
-        item.module.cached_run = real
+        item.module.cached_run, specaudit.runner.run_case = real, real_run
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
         with Path("drawn.jsonl").open("a") as out:
-            out.write(json.dumps({"item": item.name, "cases": drawn}) + "\\n")
+            out.write(json.dumps({"item": item.name, "cases": drawn, "runs": len(runs), "worker": worker}) + "\\n")
 """
 
 
@@ -202,6 +211,7 @@ def test_plugin_is_inert_in_an_unrelated_project(pytester: pytest.Pytester, monk
     assert re.search(r"^\s+--(decoder|models)\b", helped, re.M) is None, "unprefixed options leaked"
 
 
+@pytest.mark.slow
 def test_suite_adds_short_options_and_its_profile(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only where the suite runs: `--decoder`/`--models` exist and specaudit-ci is loaded when CI is set."""
     monkeypatch.setenv("CI", "true")
@@ -233,6 +243,7 @@ def run_properties(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     )
 
 
+@pytest.mark.slow
 def test_each_decoder_is_judged_by_the_properties(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the real properties EqSpec passes every one; a planted bug fails I2 with evidence and leaves a reproducer."""
     monkeypatch.delenv("CI", raising=False)
@@ -249,6 +260,7 @@ def test_each_decoder_is_judged_by_the_properties(pytester: pytest.Pytester, mon
     assert written and all("mutants" in p.name for p in written), written
 
 
+@pytest.mark.slow
 def test_known_failures_file_turns_listed_failures_into_xfail(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -282,8 +294,12 @@ def test_failing_engine_property_writes_a_replayable_reproducer(
     written = sorted(out.glob("*.json")) if out.is_dir() else []
     assert len(written) == 1 and "FreeListOffBy" in written[0].name, f"{out} holds {written}, should hold one"
     assert f"reproducer written to {written[0]}" in result.stdout.str(), output(result)
-    record = json.loads(written[0].read_text())
-    assert record["engine"] == FREE_LIST and record["model"] == "transparent" and record["ops"], record
+    from specaudit.reproducer import load_reproducer
+
+    written_back = load_reproducer(written[0])
+    record = {**written_back.engine_rules(), **written_back.evidence}
+    assert written_back.kind == "engine-ops" and record["engine"] == FREE_LIST, record
+    assert record["model"] == "transparent" and record["ops"], record
     capsys.readouterr()
     assert main(["replay", str(written[0]), "--engine", FREE_LIST, "--json"]) == 1, "the replay should fail"
     replayed = json.loads(capsys.readouterr().out)
@@ -291,6 +307,7 @@ def test_failing_engine_property_writes_a_replayable_reproducer(
     assert found == expected, f"replay of {written[0]} failed {found}, the property {expected}"
 
 
+@pytest.mark.slow
 def test_known_engine_failure_is_xfail(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """An xfails line `ENGINE MODEL CHECK RULE` covering the engine property's failure makes it xfail
     (exit 0), like a decoder's; a line for another rule leaves it failing."""
@@ -332,10 +349,15 @@ def drawn_cases(pytester: pytest.Pytester, *args: str) -> dict[str, list[str]]:
         str(PROPERTIES), "-p", "specaudit_record_cases", "-p", "no:cacheprovider", *args
     )
     assert result.ret == 0, output(result)
+    return {name: record["cases"] for name, record in drawn_records(pytester).items()}
+
+
+def drawn_records(pytester: pytest.Pytester) -> dict[str, dict]:
     lines = (pytester.path / "drawn.jsonl").read_text().splitlines()
-    return {record["item"]: record["cases"] for record in map(json.loads, lines)}
+    return {record["item"]: record for record in map(json.loads, lines)}
 
 
+@pytest.mark.slow
 def test_each_parametrization_draws_its_own_cases(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under the derandomized ci profile, gpt2 and llama (same strategy bounds) draw different cases
     for one property, and each draws the same cases again in a second run; `--hypothesis-seed`
@@ -351,9 +373,40 @@ def test_each_parametrization_draws_its_own_cases(pytester: pytest.Pytester, mon
     assert len(set(map(tuple, forced.values()))) == 1, f"--hypothesis-seed 7 should draw alike for each model: {forced}"
 
 
-def test_item_seed_is_stable_and_leaves_random_profiles_alone() -> None:
-    """`item_seed`: None (Hypothesis decides) unless derandomized; then a stable hash of the item's
-    name, `--hypothesis-seed` instead where given, and None for an explicit `@seed` or a plain test."""
+@pytest.mark.slow
+def test_a_parametrizations_properties_judge_the_same_runs(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cases drawn once are judged by every check: under `-n 2` the contract and I1 properties of one
+    decoder x model run on one worker, draw the same cases, and the second runs none of its own."""
+    monkeypatch.setenv("CI", "true")
+    pytester.makepyfile(specaudit_record_cases=RECORD_CASES)
+    (pytester.path / "drawn.jsonl").unlink(missing_ok=True)
+    select = ("-k", "test_decoder_contract or test_i1_rectangular", "--decoder", EQSPEC, "--models", "gpt2,llama")
+    result = pytester.runpytest_subprocess(
+        str(PROPERTIES), "-p", "specaudit_record_cases", "-p", "no:cacheprovider", "-n", "2", *select
+    )
+    assert result.ret == 0, output(result)
+    records = drawn_records(pytester)
+    for model in ("gpt2", "llama"):
+        first, second = (
+            records[f"{name}[{EQSPEC}-{model}]"] for name in ("test_decoder_contract", "test_i1_rectangular_alignment")
+        )
+        assert first["worker"] == second["worker"], (
+            f"{model}: the two properties ran on workers {first['worker']}, {second['worker']}"
+        )
+        assert first["cases"] == second["cases"], f"{model}: the properties drew different cases"
+        ran = sorted((first["runs"], second["runs"]))
+        assert ran[0] == 0 < ran[1], (
+            f"{model}: decoder runs per property {ran}, expected the second to reuse the first's"
+        )
+
+
+def test_item_seed_is_shared_by_a_parametrizations_properties() -> None:
+    """`item_seed`: a stable hash of the item's parametrization under a derandomized profile, the
+    same for two properties of one decoder x model and different across models; `--hypothesis-seed`
+    instead where given; under a random profile a seed per run (still shared by the properties);
+    None for an explicit `@seed` or a plain test."""
     from hypothesis import given, seed, settings
     from hypothesis import strategies as st
 
@@ -362,19 +415,25 @@ def test_item_seed_is_stable_and_leaves_random_profiles_alone() -> None:
     @given(st.integers())
     def prop(n: int) -> None: ...
 
-    def item(name: str, obj: object = prop, forced: str | None = None) -> SimpleNamespace:
-        return SimpleNamespace(obj=obj, name=name, config=SimpleNamespace(getoption=lambda *_, **__: forced))
+    def item(name: str, obj: object = prop, forced: str | None = None, config: object = None) -> SimpleNamespace:
+        callspec = SimpleNamespace(id=name.partition("[")[2].rstrip("]"))
+        config = config or SimpleNamespace(getoption=lambda *_, **__: forced)
+        return SimpleNamespace(obj=obj, name=name, callspec=callspec, config=config)
 
     before = settings.get_current_profile_name()
     settings.register_profile("test-random", derandomize=False)
     settings.register_profile("test-derandomized", derandomize=True, database=None)
     try:
         settings.load_profile("test-random")
-        assert item_seed(item("p[a-gpt2]", forced="7")) is None, "a random profile should be left to Hypothesis"
+        assert item_seed(item("p[a-gpt2]", forced="7")) is None, "Hypothesis's own --hypothesis-seed should apply"
+        run, other_run = (SimpleNamespace(getoption=lambda *_, **__: None) for _ in range(2))
+        p, q = item_seed(item("p[a-gpt2]", config=run)), item_seed(item("q[a-gpt2]", config=run))
+        assert p == q, f"two properties of one parametrization should share a run's seed: {p}, {q}"
+        assert p != item_seed(item("p[a-gpt2]", config=other_run)), "another run should draw anew"
         settings.load_profile("test-derandomized")
         gpt2, llama = item_seed(item("p[a-gpt2]")), item_seed(item("p[a-llama]"))
-        assert gpt2 == item_seed(item("p[a-gpt2]")) and gpt2 != llama, f"seeds {gpt2}, {llama}: stable, not shared"
-        assert gpt2 == int.from_bytes(hashlib.sha256(b"p[a-gpt2]").digest()[:8], "big"), f"seed {gpt2} not sha256"
+        assert gpt2 == item_seed(item("q[a-gpt2]")) and gpt2 != llama, f"seeds {gpt2}, {llama}: per parametrization"
+        assert gpt2 == int.from_bytes(hashlib.sha256(b"[a-gpt2]").digest()[:8], "big"), f"seed {gpt2} not sha256"
         assert item_seed(item("p[a-gpt2]", forced="7")) == 7, "--hypothesis-seed should win"
         assert item_seed(item("p[a-gpt2]", seed(3)(prop))) is None, "an explicit @seed should win"
         assert item_seed(item("p[a-gpt2]", lambda: None)) is None, "a test without @given should be left alone"

@@ -23,6 +23,7 @@ from specaudit.case import Case
 from specaudit.diagnosis import diagnose
 from specaudit.reference.mutants import BonusFromDraft
 from specaudit.registry import (
+    BATCH_ORDER,
     CHECK_ORDER,
     CHECKS,
     FAIL,
@@ -78,12 +79,13 @@ def conformance_properties() -> list[tuple[str, Any]]:
 
 
 def test_every_check_has_exactly_one_property() -> None:
-    """Each registry check is claimed by exactly one batch property, and every batch property claims
-    one (the engine property runs every check on each step of its state machine)."""
+    """Each registry check of a batch run is claimed by exactly one batch property, and every batch
+    property claims one (the engine property runs every check on each step of its state machine;
+    the paged layout is judged on vLLM traces, tests/test_vllm_observer.py)."""
     properties = [(name, test) for name, test in conformance_properties() if not name.startswith("test_engines.")]
     claimed = Counter(getattr(test, "specaudit_check", None) for _, test in properties)
     assert None not in claimed, [name for name, test in properties if not hasattr(test, "specaudit_check")]
-    assert claimed == Counter(CHECK_ORDER), f"got properties for {dict(claimed)}, but should be one per {CHECK_ORDER}"
+    assert claimed == Counter(BATCH_ORDER), f"got properties for {dict(claimed)}, but should be one per {BATCH_ORDER}"
     for _, test in properties:
         statement = check_named(test.specaudit_check).statement
         assert test.__doc__ and statement[1:] in test.__doc__, f"{test.__name__} does not state its check"
@@ -137,10 +139,26 @@ NEGATIVE_CONTROLS: dict[str, tuple[Callable[[], tuple[str, Any]], Case]] = {
 
 
 def test_every_check_has_a_negative_control() -> None:
-    assert list(NEGATIVE_CONTROLS) == list(CHECK_ORDER)
+    """Batch checks here; the paged layout's are vLLM's planted bugs (tests/test_vllm_observer.py)."""
+    assert list(NEGATIVE_CONTROLS) == list(BATCH_ORDER)
+    assert [c for c in CHECK_ORDER if c not in BATCH_ORDER] == ["paged"]
 
 
-@pytest.mark.parametrize("name", CHECK_ORDER)
+def test_paged_rules_map_to_known_signatures() -> None:
+    """Every paged rule names a signature: positions a position error, the bonus a bonus error,
+    the slots and K/V read drift, the request bookkeeping bookkeeping."""
+    from specaudit.checks.paged import RULES
+
+    signatures = {rule: check_named("paged").signature(Violation("paged", rule, "x", "y"), None)[0] for rule in RULES}
+    assert set(signatures.values()) <= set(SIGNATURES), signatures
+    assert (signatures["query-positions"], signatures["greedy-commit"], signatures["slot-mapping"]) == (
+        "position-id",
+        "bonus",
+        "kv-drift",
+    ), signatures
+
+
+@pytest.mark.parametrize("name", BATCH_ORDER)
 def test_negative_control_fails_its_check(name: str) -> None:
     """The control fails the check with evidence, its first violation maps to a known signature,
     and the reference decoders pass the same check on the same case."""
@@ -184,7 +202,7 @@ def test_not_applicable_is_never_a_pass() -> None:
     outcome = judge("order-independence", run)
     assert (outcome.status, outcome.why) == (NOT_APPLICABLE, "needs a batch of >= 2 rows")
     document = diagnose(run).to_json()
-    assert list(document["checks"]) == list(CHECK_ORDER)
+    assert list(document["checks"]) == list(BATCH_ORDER)
     assert document["checks"]["order-independence"] == NOT_APPLICABLE
     assert document["not_applicable"]["order-independence"] == "needs a batch of >= 2 rows"
     assert "order-independence not applicable (needs a batch of >= 2 rows)" in diagnose(run).render()

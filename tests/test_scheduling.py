@@ -162,6 +162,7 @@ def test_liveness_is_not_applicable_without_a_declared_bound() -> None:
     assert diagnose(run).passed and ("liveness", NOT_APPLICABLE) in diagnose(run).checks
 
 
+@pytest.mark.slow
 def test_the_audit_search_catches_a_serial_decoder() -> None:
     """The audit's path: the search finds a failing case for the serial decoder and the
     diagnosis names liveness with the scheduling signature (it is not only a pytest property)."""

@@ -66,7 +66,7 @@ def test_valid_entries_load_and_start_unused(tmp_path: Path) -> None:
             "unknown check 'I-2'",
             "should be one of contract, I1",
         ),
-        ("* * X* *", "unknown check 'X*'", "order-independence or *"),
+        ("* * X* *", "unknown check 'X*'", "paged or *"),
         ("* * I2 attends-wrong", "unknown rule 'attends-wrong' for check I2", "should be one of attends-wrong-slot"),
         ("* * I1 row-identity", "unknown rule 'row-identity' for check I1", "row-attends-nothing"),
         ("* * I* zzz*", "unknown rule 'zzz*' for checks I*", "input-token"),
@@ -203,6 +203,7 @@ def test_plugin_refuses_an_unknown_rule(suite: pytest.Pytester) -> None:
     assert f"{known}:1: unknown rule 'first-divergance' for check equivalence" in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["in-process", "xdist"])
 def test_plugin_lists_unused_entries_in_the_summary(suite: pytest.Pytester, workers: list[str]) -> None:
     """Both decoders' failures are xfailed by their own entries (under xdist each worker tells the

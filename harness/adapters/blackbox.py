@@ -29,7 +29,7 @@ from specaudit.checks import Equivalence, RowEquivalence, check_contract, check_
 from specaudit.contract import ContractError, instantiate, load_decoder, validate_output
 from specaudit.fixtures.pairs import DTYPES
 from specaudit.instrument import Recording
-from specaudit.reference.oracle import OracleResult, greedy_oracle
+from specaudit.reference.oracle import OracleResult, answer_oracle
 from specaudit.runner import Run
 from specaudit.violation import Violation, render
 
@@ -168,16 +168,6 @@ def audit_blackbox(
         draft="blackbox",
         dtype=dtype or dtype_name(target),
     )
-    start = time.perf_counter()
-    if oracle is None:
-        memo: dict[tuple[int, ...], OracleResult] = {}
-        with torch.no_grad():
-            for p in prompts_t:
-                if p not in memo:
-                    memo[p] = greedy_oracle(target, p, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
-        oracle = [memo[p] for p in prompts_t]
-    oracle_seconds = time.perf_counter() - start
-
     outputs: list[list[int]] | None = None
     error: ContractError | None = None
     start = time.perf_counter()
@@ -188,6 +178,16 @@ def audit_blackbox(
     except ContractError as exc:
         seconds = time.perf_counter() - start
         error = exc
+    start = time.perf_counter()
+    if oracle is None:  # found by checking each output (one teacher-forced forward when it is right)
+        answers = [tuple(o) for o in outputs] if outputs is not None else [() for _ in prompts_t]
+        memo: dict[tuple[tuple[int, ...], tuple[int, ...]], OracleResult] = {}
+        with torch.no_grad():
+            for key in zip(prompts_t, answers):
+                if key not in memo:
+                    memo[key] = answer_oracle(target, *key, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
+        oracle = [memo[key] for key in zip(prompts_t, answers)]
+    oracle_seconds = time.perf_counter() - start
     run = Run(
         case=case,
         decoder=label,

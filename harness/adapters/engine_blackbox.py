@@ -61,7 +61,7 @@ from specaudit.engine import ENGINE_METHODS, EngineBook
 from specaudit.errors import UsageError
 from specaudit.instrument import Recording
 from specaudit.models import MODELS
-from specaudit.reference.oracle import OracleResult, greedy_oracle
+from specaudit.reference.oracle import OracleResult, answer_oracle
 from specaudit.runner import Run
 from specaudit.settings import BlackboxSettings
 from specaudit.violation import Violation
@@ -368,17 +368,21 @@ def load_target(target: torch.nn.Module | str | Path, dtype: str | None = None, 
 
 
 def oracles(
-    target: torch.nn.Module, requests: Sequence[Request], eos_token_id: int | None
+    target: torch.nn.Module, requests: Sequence[Request], answers: dict[int, Answer], eos_token_id: int | None
 ) -> tuple[dict[int, OracleResult], float]:
-    """Each request's batch-size-1 greedy output (memoised on prompt and limit), and the time taken."""
+    """Each request's batch-size-1 greedy output and the time taken: found by checking its answer
+    (`answer_oracle`, one teacher-forced forward for a right one), memoised on what it depends on."""
     start = time.perf_counter()
-    memo: dict[tuple[tuple[int, ...], int], OracleResult] = {}
+    memo: dict[tuple[tuple[int, ...], int, tuple[int, ...]], OracleResult] = {}
+    keys = {r.id: (r.prompt, r.max_new_tokens, answers[r.id].tokens or ()) for r in requests}
     with torch.no_grad():
         for r in requests:
-            key = (r.prompt, r.max_new_tokens)
-            if key not in memo:
-                memo[key] = greedy_oracle(target, r.prompt, max_new_tokens=r.max_new_tokens, eos_token_id=eos_token_id)
-    return {r.id: memo[(r.prompt, r.max_new_tokens)] for r in requests}, time.perf_counter() - start
+            prompt, limit, answer = keys[r.id]
+            if keys[r.id] not in memo:
+                memo[keys[r.id]] = answer_oracle(
+                    target, prompt, answer, max_new_tokens=limit, eos_token_id=eos_token_id
+                )
+    return {r.id: memo[keys[r.id]] for r in requests}, time.perf_counter() - start
 
 
 def compare(
@@ -446,7 +450,7 @@ def judge_answers(
     """Compare every answered request with its oracle; requests with an error are not compared."""
     if say is not None:
         say(f"engine done in {seconds:.2f} s; batch-size-1 greedy oracle for {len(requests)} requests")
-    oracle, oracle_seconds = oracles(target, requests, eos_token_id)
+    oracle, oracle_seconds = oracles(target, requests, answers, eos_token_id)
     dtype = dtype or dtype_name(target)
     flags = overlaps({r.id: (answers[r.id].start, answers[r.id].end) for r in requests})
     outcomes = []
@@ -949,13 +953,14 @@ def file_prompts(path: Path, target: str) -> list[list[int]]:
 
 
 def read_reproducer(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"cannot read reproducer {str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None
-    if not isinstance(data, dict) or data.get("kind") != REPRO_KIND or not isinstance(data.get("requests"), list):
-        raise UsageError(f"{str(path)!r} is not a black-box reproducer (kind {REPRO_KIND!r} with requests)")
-    return data
+    """A black-box reproducer's plan (`specaudit.reproducer.load_reproducer`: the envelope, or the
+    file written before it), as `endpoints` and `replayed_plan` read it."""
+    from specaudit.reproducer import load_reproducer
+
+    reproducer = load_reproducer(path)
+    if reproducer.kind != "blackbox":
+        raise UsageError(f"{str(path)!r} is not a black-box reproducer (its kind is {reproducer.kind})")
+    return reproducer.plan_document()
 
 
 def endpoints(settings: BlackboxSettings, data: dict[str, Any] | None) -> tuple[str, str, str]:
@@ -1047,8 +1052,31 @@ def status_line(text: str) -> None:
 def run_blackbox(settings: BlackboxSettings) -> int:
     """Check the input (URL, target, engine, server), write the reproducer, run, print and write the verdict.
     Exit status: 0 every request matches its oracle, 1 otherwise; bad input is a UsageError (exit 2)."""
-    say = (lambda _: None) if settings.quiet else status_line
     data = read_reproducer(settings.replay) if settings.replay is not None else None
+    result = blackbox_result(settings, data)
+    print(json.dumps(result.to_json(), indent=1) if settings.json else result.table())
+    return 0 if result.passed else 1
+
+
+def replay_plan(
+    data: dict[str, Any],
+    source: Path | None,
+    *,
+    server: str | None = None,
+    engine: str | None = None,
+    target: str | None = None,
+    quiet: bool = True,
+) -> EngineAuditResult:
+    """A reproducer's plan (`Reproducer.plan_document`) sent again: `specaudit replay FILE` on a black-box file."""
+    settings = BlackboxSettings(target=target, server=server, engine=engine, replay=source or Path("-"), quiet=quiet)
+    return blackbox_result(settings, data)
+
+
+def blackbox_result(settings: BlackboxSettings, data: dict[str, Any] | None) -> EngineAuditResult:
+    """The run of `run_blackbox` (a reproducer's plan `data`, else a fresh one), its files written."""
+    from specaudit.reproducer import blackbox_reproducer
+
+    say = (lambda _: None) if settings.quiet else status_line
     transport, where, target = endpoints(settings, data)
     plan = replayed_plan(settings, data, transport, where, target) if data is not None else None
     if transport == "http":
@@ -1066,15 +1094,14 @@ def run_blackbox(settings: BlackboxSettings) -> int:
     plan = plan or fresh_plan(settings, transport, where, target, model, given)
     repro = None if settings.out is None else settings.out / "repro.json"
     if repro is not None:
-        write_json(repro, plan.to_json())
+        write_json(repro, blackbox_reproducer(plan.to_json()).to_json())
         say(f"reproducer written to {repro} (before any request is sent)")
     result = run_plan(plan, model, engine, settings)
     if settings.out is not None and repro is not None:
         write_json(settings.out / "report.json", {"plan": plan.to_json(), **result.to_json()})
-        write_json(repro, {**plan.to_json(), "outcome": outcome_summary(result)})
+        write_json(repro, blackbox_reproducer(plan.to_json(), outcome_summary(result)).to_json())
         say(f"report written to {settings.out / 'report.json'}")
-    print(json.dumps(result.to_json(), indent=1) if settings.json else result.table())
-    return 0 if result.passed else 1
+    return result
 
 
 def outcome_summary(result: EngineAuditResult) -> dict[str, Any]:

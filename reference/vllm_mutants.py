@@ -1,0 +1,291 @@
+"""Planted bugs in vLLM itself: monkeypatches of vLLM's own functions, never a fork.
+
+Each is the kind of slip a paged, continuous-batching engine makes (positions, slot mapping,
+context lengths, the rejection sampler, the block pool), applied in process with `planted`,
+and each names the check and rule of `specaudit.checks.paged` that must catch it first, and
+whether the output-level (black-box) comparison with the batch-size-1 oracle also sees it on
+the tiny test model (`output_visible`), and whether the K/V comparison with a batch-size-1 run
+does (`kv_visible`), both measured by tests/test_vllm_observer.py.
+
+Most bugs are planted after `GPUModelRunner._prepare_inputs`, which fills the runner's
+persistent buffers (`positions`, `seq_lens`, the block table's `slot_mapping`, `input_ids`)
+that the forward and its attention metadata then read; "after a rejection" is told from the
+runner's own `num_computed_tokens` falling short of what the request's previous forward fed.
+vLLM is imported lazily: this module imports without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+SAMPLER = "vllm.v1.sample.rejection_sampler"
+BLOCK_POOL = "vllm.v1.core.block_pool:BlockPool"
+
+
+@dataclass(frozen=True)
+class VllmMutant:
+    """One planted vLLM bug: what it patches, and the check and rule that must catch it."""
+
+    name: str
+    description: str
+    target: str  # "module:Class.method" or "module.function" patched
+    rule: str  # the first rule of `check` it breaks
+    output_visible: bool  # the black-box output comparison also catches it (tiny model, test workload)
+    make: Callable[[Callable[..., Any]], Callable[..., Any]]  # the original -> the planted replacement
+    kv_visible: bool = True  # the K/V comparison with a batch-size-1 run (rule kv-entry) also sees it
+    check: str = "paged"
+
+    def __repr__(self) -> str:
+        return f"VllmMutant({self.name!r} -> {self.check}/{self.rule})"
+
+
+def resolve(target: str) -> tuple[Any, str]:
+    """(owner, attribute) of "pkg.module:Class.method" or "pkg.module.function"."""
+    if ":" in target:
+        module, path = target.split(":")
+        owner: Any = importlib.import_module(module)
+        *classes, attribute = path.split(".")
+        for name in classes:
+            owner = getattr(owner, name)
+        return owner, attribute
+    module, attribute = target.rsplit(".", 1)
+    return importlib.import_module(module), attribute
+
+
+@contextmanager
+def planted(mutant: VllmMutant) -> Iterator[VllmMutant]:
+    """The bug in place (in this process, so in an in-process engine core) for the block's duration."""
+    owner, attribute = resolve(mutant.target)
+    original = owner.__dict__[attribute] if isinstance(owner, type) else getattr(owner, attribute)
+    setattr(owner, attribute, mutant.make(original))
+    try:
+        yield mutant
+    finally:
+        setattr(owner, attribute, original)
+
+
+# ---------------------------------------------------------------------------------------
+# After `_prepare_inputs`: the runner's buffers, per request
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """One request of the forward being prepared, read from the runner's buffers."""
+
+    index: int  # batch row
+    request: str
+    start: int  # its query span in the packed tokens
+    end: int
+    computed: int  # tokens with K/V before this forward (its first position)
+    rejected: int  # drafts its previous forward fed beyond `computed` (0: no rejection)
+    previous: tuple[int, ...]  # that forward's input tokens, from its first position
+
+
+class Buffers:
+    """Per-request views of the forward being prepared, and what each request's previous one fed."""
+
+    def __init__(self) -> None:
+        self.fed: dict[str, tuple[int, int, tuple[int, ...]]] = {}  # request -> (start, end, tokens)
+
+    def scheduled(self, runner: Any, num_scheduled: Any) -> list[Scheduled]:
+        batch = runner.input_batch
+        qsl = runner.query_start_loc.cpu[: batch.num_reqs + 1].tolist()
+        ids = runner.input_ids.gpu[: qsl[-1]].tolist()
+        out = []
+        for b, request in enumerate(batch.req_ids[: batch.num_reqs]):
+            computed = int(batch.num_computed_tokens_cpu[b])
+            start, end, before = self.fed.get(request, (computed, computed, ()))
+            rejected = max(end - computed, 0) if start <= computed < end else 0
+            out.append(Scheduled(b, request, qsl[b], qsl[b + 1], computed, rejected, before[computed - start :]))
+            self.fed[request] = (computed, computed + qsl[b + 1] - qsl[b], tuple(ids[qsl[b] : qsl[b + 1]]))
+        return out
+
+
+def after_prepare(edit: Callable[[Any, list[Scheduled]], None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A `_prepare_inputs` that runs vLLM's own, then `edit(runner, requests)` on its buffers."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        buffers = Buffers()
+
+        def prepare(self: Any, scheduler_output: Any, num_scheduled_tokens: Any) -> Any:
+            out = original(self, scheduler_output, num_scheduled_tokens)
+            edit(self, buffers.scheduled(self, num_scheduled_tokens))
+            return out
+
+        return prepare
+
+    return make
+
+
+def slot_buffer(runner: Any) -> torch.Tensor:
+    return runner.input_batch.block_table[0].slot_mapping.gpu
+
+
+def positions_off_after_rejection(runner: Any, requests: list[Scheduled]) -> None:
+    """The query after a rejection starts one past the committed length (RoPE; the slots stay)."""
+    for r in requests:
+        if r.rejected:
+            runner.positions[r.start : r.end] += 1
+
+
+def slot_off_at_block_boundary(runner: Any, requests: list[Scheduled]) -> None:
+    """A token opening a new block is written at the previous slot + 1: into the next block id."""
+    slots, size = slot_buffer(runner), runner.input_batch.block_table[0].block_size
+    for r in requests:
+        for i in range(r.end - r.start):
+            position = r.computed + i
+            if position % size == 0 and position > 0:
+                previous = runner.input_batch.block_table[0].block_table.cpu[r.index, position // size - 1]
+                slots[r.start + i] = int(previous) * size + size  # the previous slot + 1
+
+
+def rejected_kept_in_context(runner: Any, requests: list[Scheduled]) -> None:
+    """seq_lens keep the rejected drafts: the kernel attends past the committed length."""
+    for r in requests:
+        if r.rejected:
+            runner.seq_lens[r.index] += r.rejected
+
+
+def last_write_dropped(runner: Any, requests: list[Scheduled]) -> None:
+    """The padding fill starts one early: the last packed token's K/V write is skipped (slot -1)."""
+    if requests:
+        slot_buffer(runner)[requests[-1].end - 1] = -1
+
+
+def stale_token_after_rejection(runner: Any, requests: list[Scheduled]) -> None:
+    """After a rejection the query starts with the rejected draft, not the target's correction."""
+    for r in requests:
+        if r.rejected and r.previous:
+            runner.input_ids.gpu[r.start] = r.previous[0]
+
+
+# ---------------------------------------------------------------------------------------
+# The rejection sampler, the block pool, block zeroing
+
+
+def bonus_from_draft(original: Callable[..., Any]) -> Callable[..., Any]:
+    """At the first rejected draft the output keeps the draft, not the target's token."""
+
+    def rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: list[int], *args: Any, **kwargs: Any) -> Any:
+        out = original(draft_token_ids, num_draft_tokens, *args, **kwargs)  # [B, K + 1]
+        start = 0
+        for b, n in enumerate(num_draft_tokens):
+            drafts = draft_token_ids[start : start + n]
+            wrong = (out[b, :n] != drafts).nonzero()
+            if wrong.numel():
+                out[b, int(wrong[0])] = drafts[int(wrong[0])]
+            start += n
+        return out
+
+    return rejection_sample
+
+
+def live_block_handed_out(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Once, a request is handed a block another live request still holds and reads (refcount slip)."""
+    handed: list[Any] = []
+    fired: list[bool] = []
+
+    def get_new_blocks(self: Any, num_blocks: int) -> list[Any]:
+        blocks = original(self, num_blocks)
+        live = [b for b in handed if b.ref_cnt > 0 and b.block_id > 0 and b not in blocks]
+        if live and not fired and blocks:
+            fired.append(True)
+            live[-1].ref_cnt += 1
+            blocks = [live[-1], *blocks[1:]]
+        handed.extend(blocks)
+        return blocks
+
+    return get_new_blocks
+
+
+def zeroes_live_block(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Zeroing a newcomer's fresh blocks reads the block table before the newcomer has a row:
+    it zeroes the first block of the first running request (a write behind the slot mapping)."""
+
+    def update_states(self: Any, scheduler_output: Any) -> Any:
+        batch = self.input_batch
+        finished = set(scheduler_output.finished_req_ids)
+        running = [b for b, r in enumerate(batch.req_ids[: batch.num_reqs]) if r not in finished]
+        if scheduler_output.scheduled_new_reqs and running:
+            self._zero_block_ids([int(batch.block_table[0].block_table.cpu[running[0], 0])])
+        return original(self, scheduler_output)
+
+    return update_states
+
+
+MUTANTS: tuple[VllmMutant, ...] = (
+    VllmMutant(
+        "positions-after-rejection",
+        "query positions one past the committed length after a rejected draft",
+        f"{RUNNER}._prepare_inputs",
+        "query-positions",
+        False,
+        after_prepare(positions_off_after_rejection),
+    ),
+    VllmMutant(
+        "slot-at-block-boundary",
+        "the first token of a new block written at the previous slot + 1 (the next block id)",
+        f"{RUNNER}._prepare_inputs",
+        "slot-mapping",
+        True,
+        after_prepare(slot_off_at_block_boundary),
+    ),
+    VllmMutant(
+        "rejected-in-context",
+        "seq_lens keep the rejected drafts, so the kernel attends them",
+        f"{RUNNER}._prepare_inputs",
+        "context-length",
+        False,
+        after_prepare(rejected_kept_in_context),
+    ),
+    VllmMutant(
+        "bonus-from-draft",
+        "at the first rejection the draft token is committed instead of the target's",
+        f"{SAMPLER}.rejection_sample",
+        "greedy-commit",
+        True,
+        bonus_from_draft,
+        kv_visible=False,  # the wrong token is fed consistently: its K/V are right for what was committed
+    ),
+    VllmMutant(
+        "live-block-reused",
+        "a block still held and read by a live request handed to another request",
+        f"{BLOCK_POOL}.get_new_blocks",
+        "block-shared",
+        True,
+        live_block_handed_out,
+    ),
+    VllmMutant(
+        "last-write-dropped",
+        "the padding fill of the slot mapping starts one early: the last token's K/V is never written",
+        f"{RUNNER}._prepare_inputs",
+        "slot-mapping",  # a real token given the padding's slot -1; the next forward: kv-provenance
+        True,
+        after_prepare(last_write_dropped),
+    ),
+    VllmMutant(
+        "stale-token-after-rejection",
+        "after a rejection the query starts with the rejected draft instead of the correction",
+        f"{RUNNER}._prepare_inputs",
+        "query-tokens",
+        True,
+        after_prepare(stale_token_after_rejection),
+    ),
+    VllmMutant(
+        "zeroes-live-block",
+        "zeroing a newcomer's fresh blocks zeroes the first block of a running request instead",
+        f"{RUNNER}._update_states",
+        "kv-overwritten",
+        True,
+        zeroes_live_block,
+    ),
+)
+
+BY_NAME = {m.name: m for m in MUTANTS}

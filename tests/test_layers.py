@@ -1,0 +1,95 @@
+"""The layers of docs/design.md, kept: no module imports from a layer above its own.
+
+Evidence flows one way, from the models up through running, checks and search to the artifacts
+and commands; a module that reaches upward (imports inside functions included) would let a
+lower concern depend on how results are reported or driven. Every module must be placed: a new
+one without a layer fails here until it is given one.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import specaudit
+
+ROOT = Path(specaudit.__file__).parent
+FOLDERS = {"": ROOT, **{name: ROOT.parent / name for name in ("reference", "fixtures", "properties")}}
+"""The wheel's layout (see pyproject.toml): harness/ is specaudit, the other folders its subpackages."""
+
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
+    (layer, frozenset(names.split()))
+    for layer, names in (
+        ("foundation", "__init__ errors violation rules item profiles determinism jobs compat case contract models"),
+        ("settings", "xfails settings"),
+        ("models", "fixtures reference pretrained loading"),
+        ("running and observing", "instrument calibration runner noise engine adapters.vllm_observer"),
+        ("checks", "checks scheduling registry diagnosis"),
+        ("search and minimization", "strategies ddmin search engine_machine"),
+        ("subjects and artifacts", "adapters reproducer realmodel transplant overhead minimize audit realaudit gate"),
+        ("commands", "replay cli suite pytest_plugin __main__ properties"),
+    )
+)
+"""Lowest first. A name is a module or a whole subpackage; the longest matching name wins."""
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    """(dotted name under specaudit, file) for every module of the package, subpackages included."""
+    for prefix, folder in FOLDERS.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = [*([prefix] if prefix else []), *path.relative_to(folder).with_suffix("").parts]
+            if len(parts) > 1 and parts[-1] == "__init__":
+                parts.pop()
+            yield ".".join(parts), path
+
+
+def layer_of(module: str) -> int | None:
+    best: tuple[int, int] | None = None  # (length of the matching name, layer)
+    for index, (_, names) in enumerate(LAYERS):
+        for name in names:
+            if module == name or module.startswith(name + "."):
+                if best is None or len(name) > best[0]:
+                    best = (len(name), index)
+    return None if best is None else best[1]
+
+
+def imported(path: Path) -> Iterator[tuple[str, int]]:
+    """(module under specaudit, line) for every specaudit import in a file, at any depth."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specaudit."):
+            base = node.module.removeprefix("specaudit.")
+            yield from ((f"{base}.{alias.name}", node.lineno) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            yield from (
+                (a.name.removeprefix("specaudit."), node.lineno) for a in node.names if a.name.startswith("specaudit.")
+            )
+
+
+def target_layer(name: str) -> int | None:
+    """The layer of `a.b.c` imported as a module or as a name from module `a.b`."""
+    return layer_of(name) if layer_of(name) is not None else layer_of(name.rpartition(".")[0])
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(m for m, _ in modules() if layer_of(m) is None)
+    assert not unplaced, f"modules with no layer in tests/test_layers.py LAYERS: {unplaced}"
+
+
+def test_no_module_imports_from_a_higher_layer() -> None:
+    upward = []
+    for module, path in modules():
+        own = layer_of(module)
+        for name, line in imported(path):
+            layer = target_layer(name)
+            if own is not None and layer is not None and layer > own:
+                upward.append(f"{module} ({LAYERS[own][0]}) imports {name} ({LAYERS[layer][0]}) at line {line}")
+    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """The negative control: a foundation module importing the CLI is reported."""
+    path = tmp_path / "errors.py"
+    path.write_text("def f():\n    from specaudit.cli import main\n")
+    found = [(name, target_layer(name)) for name, _ in imported(path)]
+    assert found == [("cli.main", len(LAYERS) - 1)] and layer_of("errors") == 0, found

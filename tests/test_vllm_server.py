@@ -1,0 +1,256 @@
+"""`specaudit audit-vllm` without vLLM: /metrics parsing on a captured sample, the report, the server lifecycle.
+
+The lifecycle tests start small real child processes (a standard-library HTTP server) and prove that
+their process group is gone after success, an exception, a /health timeout, an early exit and a signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from specaudit.adapters.vllm_server import (
+    NOTHING_ACCEPTED,
+    Outcome,
+    ServerError,
+    SpecCounts,
+    check_python,
+    free_port,
+    from_report,
+    parse_metrics,
+    peak_in_flight,
+    render_markdown,
+    server_command,
+    serving,
+    speculative_config,
+    write_reports,
+)
+from specaudit.errors import UsageError
+from specaudit.settings import VllmAuditSettings
+
+DATA = Path(__file__).parent / "data"
+
+HEALTHY = textwrap.dedent(
+    """
+    import http.server, os, subprocess, sys
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    print("server", os.getpid(), "grandchild", child.pid, flush=True)
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+        def log_message(self, *args):
+            pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+    """
+)
+NEVER_HEALTHY = 'import os, time; print("server", os.getpid(), "grandchild", 0, flush=True); time.sleep(120)'
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def pids_in(log: Path) -> list[int]:
+    """The server's and its grandchild's pids, as the child printed them to its log."""
+    words = log.read_text().split()
+    assert words[:1] == ["server"], f"child log {log} holds {words[:6]}, should start with 'server PID'"
+    return [int(words[1])] + ([int(words[3])] if int(words[3]) else [])
+
+
+def healthy_command(port: int) -> list[str]:
+    return [sys.executable, "-c", HEALTHY, str(port)]
+
+
+def assert_gone(pids: list[int], where: str) -> None:
+    left = [pid for pid in pids if alive(pid)]
+    assert not left, f"processes {left} still running after {where}, should all have been stopped"
+
+
+# ---------------------------------------------------------------------------------------
+# /metrics
+
+
+def test_metrics_counts_from_a_real_vllm_sample() -> None:
+    before = SpecCounts.from_metrics(parse_metrics((DATA / "vllm_metrics_before.txt").read_text()))
+    after = SpecCounts.from_metrics(parse_metrics((DATA / "vllm_metrics_after.txt").read_text()))
+    assert before == SpecCounts(0.0, 0.0, 0.0), f"fresh server counts {before}, should be all zero"
+    delta = after - before
+    assert delta == SpecCounts(22.0, 88.0, 9.0), f"counts {delta}, should be 22 drafts, 88 drafted, 9 accepted"
+    assert delta.acceptance == pytest.approx(9 / 88), f"acceptance {delta.acceptance}, should be 9/88"
+
+
+def test_metrics_sum_labels_and_skip_comments_and_created_gauges() -> None:
+    text = (
+        "# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.\n"
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="a b"} 3.0\n'
+        'vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="a b"} 4.0 1700000000\n'
+        'vllm:spec_decode_num_accepted_tokens_created{engine="0"} 1.79e+09\n'
+        "plain_counter 5\n"
+        "garbage line with no number\n"
+    )
+    metrics = parse_metrics(text)
+    assert metrics["vllm:spec_decode_num_accepted_tokens_total"] == 7.0, f"summed to {metrics}, should be 7"
+    assert metrics["plain_counter"] == 5.0, f"unlabelled sample read as {metrics.get('plain_counter')}, should be 5"
+    assert SpecCounts.from_metrics(metrics).accepted == 7.0, "the _created gauge must not count as accepted"
+    assert "garbage" not in metrics, f"an unparsable line became a metric: {metrics}"
+
+
+def test_no_drafts_means_no_acceptance_rate() -> None:
+    assert SpecCounts().acceptance is None, "an acceptance rate with nothing drafted should be None"
+
+
+# ---------------------------------------------------------------------------------------
+# The report
+
+
+def outcome(configuration: str, accepted: float, *, passed: bool = True, error: str = "") -> Outcome:
+    spec = None if configuration == "control" else {"method": configuration}
+    drafted = 0.0 if spec is None else 40.0
+    return Outcome("tiny", configuration, spec, passed, "diverged (requests [3])" if not passed else "exact",
+                   requests=8, overlapped=8, peak_in_flight=6, exact_match=1.0 if passed else 0.5,
+                   partial_match=1.0, counts=SpecCounts(10, drafted, accepted), error=error)  # fmt: skip
+
+
+def test_report_warns_when_nothing_was_accepted() -> None:
+    text = render_markdown([outcome("control", 0), outcome("ngram", 0), outcome("draft", 12)])
+    warned = [line for line in text.splitlines() if NOTHING_ACCEPTED in line]
+    assert len(warned) == 1 and "ngram" in warned[0], f"warnings {warned}, should be one, for ngram only"
+    assert "proves little" in NOTHING_ACCEPTED, f"warning text {NOTHING_ACCEPTED!r} should say it proves little"
+    assert "| tiny | draft | PASS | 1.00 | 1.00 | 8 of 8 / 6 | 40 | 12 | 0.30 |" in text, f"draft row missing:\n{text}"
+    assert "3 of 3 configurations passed." in text, f"summary wrong:\n{text}"
+    assert "Level of evidence: output level only" in text, f"no level of evidence in:\n{text}"
+
+
+def test_report_shows_failures_and_errors() -> None:
+    text = render_markdown([outcome("draft", 5, passed=False), outcome("ngram", 0, passed=False, error="boom\nx")])
+    assert "| tiny | draft | FAIL |" in text, f"failed row not marked FAIL:\n{text}"
+    assert "diverged (requests [3])" in text, f"the failing verdict is not shown:\n{text}"
+    assert "ERROR: boom" in text, f"the server error is not shown:\n{text}"
+    assert "0 of 2 configurations passed." in text, f"summary wrong:\n{text}"
+
+
+def test_json_outcome_carries_warnings_and_counts() -> None:
+    data = outcome("ngram", 0).to_json()
+    assert data["warnings"] == [NOTHING_ACCEPTED], f"json warnings {data['warnings']}, should be the nothing-accepted"
+    assert data["counts"] == {"drafts": 10, "drafted": 40.0, "accepted": 0, "acceptance": 0.0}, f"{data['counts']}"
+
+
+def test_reports_written_with_version_and_verdicts(tmp_path: Path) -> None:
+    settings = VllmAuditSettings(models=("tiny",), out=tmp_path / "vllm")
+    text = write_reports(settings, [outcome("control", 0), outcome("ngram", 0)], 12.0, "0.32.0")
+    data = json.loads((tmp_path / "vllm" / "report.json").read_text())
+    assert (tmp_path / "vllm" / "report.md").read_text() == text, "report.md differs from the text returned"
+    assert "vLLM 0.32.0" in text and data["vllm"] == "0.32.0", f"vLLM version missing: {text.splitlines()[2]}"
+    assert data["passed"] is True and [c["configuration"] for c in data["configurations"]] == ["control", "ngram"]
+    assert data["configurations"][1]["warnings"] == [NOTHING_ACCEPTED], f"{data['configurations'][1]}"
+
+
+def test_figures_from_a_blackbox_report() -> None:
+    spans = [(0.0, 2.0, True), (1.0, 3.0, True), (2.5, 4.0, True), (5.0, 6.0, False)]
+    rows = [{"start": s, "end": e, "overlapped": o} for s, e, o in spans]
+    report = {"passed": True, "verdict": "exact", "requests": rows, "exact_match": 1.0, "partial_match": 1.0,
+              "seconds": 6.0, "oracle_seconds": 2.0}  # fmt: skip
+    figures = from_report(report)
+    assert (figures["overlapped"], figures["peak_in_flight"]) == (3, 2), f"figures {figures}, should be 3 and peak 2"
+    assert peak_in_flight([(0, 1), (1, 2)]) == 2, "a request answered as another is sent should count as overlapping"
+
+
+# ---------------------------------------------------------------------------------------
+# Settings and the server command
+
+
+def test_server_command_per_configuration(tmp_path: Path) -> None:
+    assert speculative_config("control", tmp_path) is None, "the control must run without speculation"
+    assert speculative_config("ngram", tmp_path)["method"] == "ngram"
+    draft = speculative_config("draft", tmp_path)
+    assert draft == {"method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 4}, f"{draft}"
+    command = server_command("py", tmp_path, 1234, draft)
+    assert command[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"], f"command starts {command[:3]}"
+    assert command[-2] == "--speculative-config" and '"draft_model"' in command[-1], f"command ends {command[-2:]}"
+    assert "--speculative-config" not in server_command("py", tmp_path, 1234, None), "control got a spec config"
+    with pytest.raises(UsageError, match="unknown configuration"):
+        speculative_config("eagle", tmp_path)
+
+
+def test_settings_and_python_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="unknown"):
+        VllmAuditSettings(models=("tiny", "gpt9"))
+    with pytest.raises(UsageError, match="no vLLM python"):
+        check_python(str(tmp_path / "missing" / "python"))
+    with pytest.raises(UsageError, match="cannot import vllm"):
+        check_python(sys.executable)  # the project venv has no vLLM (it needs an older transformers)
+
+
+# ---------------------------------------------------------------------------------------
+# The server lifecycle, with a real child process
+
+
+def test_server_stopped_after_success(tmp_path: Path) -> None:
+    port, log = free_port(), tmp_path / "server.log"
+    with serving(healthy_command(port), f"http://127.0.0.1:{port}", log, 20.0) as server:
+        pids = pids_in(log)
+        assert pids[0] == server.pid and all(alive(p) for p in pids), f"pids {pids} should run while serving"
+    assert_gone(pids, "a successful run")
+
+
+def test_server_stopped_after_an_exception(tmp_path: Path) -> None:
+    port, log = free_port(), tmp_path / "server.log"
+    with pytest.raises(RuntimeError, match="audit failed"):
+        with serving(healthy_command(port), f"http://127.0.0.1:{port}", log, 20.0):
+            pids = pids_in(log)
+            raise RuntimeError("audit failed")
+    assert_gone(pids, "an exception in the audit")
+
+
+def test_server_stopped_when_health_times_out(tmp_path: Path) -> None:
+    port, log = free_port(), tmp_path / "server.log"
+    with pytest.raises(ServerError, match=r"did not answer within 1\.5 s(.|\n)*server \d+"):
+        with serving([sys.executable, "-c", NEVER_HEALTHY], f"http://127.0.0.1:{port}", log, 1.5):
+            pytest.fail("a server that never got healthy was yielded")
+    assert_gone(pids_in(log), "a /health timeout")
+
+
+def test_server_that_exits_early_is_reported_with_its_log(tmp_path: Path) -> None:
+    port, log = free_port(), tmp_path / "server.log"
+    crash = 'import sys; print("cannot load the model"); sys.exit(3)'
+    with pytest.raises(ServerError, match=r"exited with status 3(.|\n)*cannot load the model"):
+        with serving([sys.executable, "-c", crash], f"http://127.0.0.1:{port}", log, 20.0):
+            pytest.fail("a server that exited was yielded")
+
+
+def test_server_stopped_on_sigterm(tmp_path: Path) -> None:
+    port, log = free_port(), tmp_path / "server.log"
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with serving(healthy_command(port), f"http://127.0.0.1:{port}", log, 20.0):
+            pids = pids_in(log)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5.0)
+            pytest.fail("SIGTERM did not interrupt the audit")
+    assert_gone(pids, "SIGTERM to the audit")
+    assert signal.getsignal(signal.SIGTERM) == before, "the SIGTERM handler was not restored"
+
+
+def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from specaudit.cli import main
+
+    assert main(["audit-vllm", "--vllm-python", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no vLLM python" in err[0], f"stderr {err}, should be one line naming the python"
+    assert main(["audit-vllm", "--models", "gpt9"]) == 2, "an unknown served model should be a usage error"
