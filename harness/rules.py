@@ -40,6 +40,22 @@ CONTRACT_RULES = frozenset(
     }
 )
 
+PAGED_RULES = (
+    "query-spans",
+    "live-request",
+    "context-length",
+    "query-positions",
+    "query-tokens",
+    "draft-count",
+    "slot-mapping",
+    "block-shared",
+    "kv-provenance",
+    "kv-overwritten",
+    "greedy-commit",
+    "kv-entry",
+)
+"""The paged layout's rules, in the order `specaudit.checks.paged` judges them."""
+
 CHECK_RULES: dict[str, frozenset[str]] = {
     "contract": CONTRACT_RULES,
     "I1": frozenset(
@@ -71,22 +87,7 @@ CHECK_RULES: dict[str, frozenset[str]] = {
     "liveness": frozenset({"request-finishes", "bounded-queue", "bounded-wait", "finishes", "wait-bound"}),
     "grouped-no-realignment": frozenset({"slots-stay"}),
     "order-independence": frozenset({"keeps-contract", "same-output"}),
-    "paged": frozenset(  # specaudit.checks.paged.RULES: the paged layout of an in-process vLLM
-        {
-            "query-spans",
-            "live-request",
-            "context-length",
-            "query-positions",
-            "query-tokens",
-            "draft-count",
-            "slot-mapping",
-            "block-shared",
-            "kv-provenance",
-            "kv-overwritten",
-            "greedy-commit",
-            "kv-entry",
-        }
-    ),
+    "paged": frozenset(PAGED_RULES),
 }
 """Check name (in the registry's order) -> the rule names its violations carry."""
 

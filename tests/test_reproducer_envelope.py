@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from specaudit.cli import main
 from specaudit.errors import UsageError
@@ -32,6 +31,8 @@ from specaudit.reproducer import (
 )
 from specaudit.violation import Violation
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 LEGACY = Path(__file__).parent / "data" / "legacy_reproducers"
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 EQSPEC_ENGINE = "specaudit.reference.engines:EqSpecEngine"
@@ -42,15 +43,6 @@ LEGACY_FILES = {
     "blackbox.json": ("blackbox", "specaudit-blackbox"),
     "real_model.json": ("real-model", "specaudit-case 1"),
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads on shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from specaudit.adapters.vllm_observer import NGRAM
 from specaudit.errors import UsageError
 from specaudit.settings import VLLM_CONFIGURATIONS, VLLM_MODEL_NAMES, VllmAuditSettings
 from specaudit.violation import Violation
@@ -44,7 +45,6 @@ HOST = "127.0.0.1"
 SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
                "--seed", "0")  # fmt: skip
 SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 DRAFT_TOKENS = 4
 NOTHING_ACCEPTED = "nothing was accepted: a run in which nothing was accepted proves little"
 LOG_TAIL_LINES = 30
@@ -200,7 +200,23 @@ class Server:
         try:  # children that outlived the leader (vLLM's engine core)
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
-            pass
+            return
+        deadline = time.monotonic() + 5.0  # a signal is delivered, not done: wait until the group is gone
+        while group_members(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of a process group, read from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if int(group) == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
 
 
 def http_status(url: str, timeout_s: float = 2.0) -> int | None:
@@ -510,7 +526,7 @@ def observe_in_process(model: str, draft: str | None, workload: dict[str, Any]) 
     """A workload (prompts, arrival and abort steps, tokens per request) through an in-process
     `vllm.LLM`, judged by the paged-layout checks with the batch-size-1 K/V of the model. Run
     with the vLLM venv's python (`VLLM_ENABLE_V1_MULTIPROCESSING=0` is set before vLLM is imported)."""
-    from specaudit.adapters.vllm_observer import NGRAM, build_llm, hf_kv_reference, staggered
+    from specaudit.adapters.vllm_observer import build_llm, hf_kv_reference, staggered
     from specaudit.checks.paged import check_paged
     from specaudit.pretrained import resolve
 

@@ -41,23 +41,11 @@ from dataclasses import dataclass, field
 import torch
 
 from specaudit.adapters.vllm_observer import PagedCall, PagedTrace
+from specaudit.rules import PAGED_RULES
 from specaudit.violation import Violation
 
 CHECK = "paged"
-RULES = (
-    "query-spans",
-    "live-request",
-    "context-length",
-    "query-positions",
-    "query-tokens",
-    "draft-count",
-    "slot-mapping",
-    "block-shared",
-    "kv-provenance",
-    "kv-overwritten",
-    "greedy-commit",
-    "kv-entry",
-)
+RULES = PAGED_RULES
 KV_TOLERANCE = 1e-3  # float32: max |written - batch-size-1| relative to the request's largest entry
 
 Reference = Callable[[tuple[int, ...]], torch.Tensor]  # tokens -> [n, L', 2, kv_heads, head_dim]
