@@ -169,17 +169,17 @@ ENGINE_OPS = {"add": ("id", "prompt", "max_new_tokens", "accept"), "step": (), "
 """Each rule of an engine reproducer and the fields it needs (`specaudit.engine_machine.replay`)."""
 
 
-def engine_failure_record(reproducer: dict[str, Any], violations: list[Violation]) -> dict[str, Any]:
-    """What an engine reproducer file holds: the rules to replay, then the evidence they gave and
-    the diagnosis's signature (`specaudit.engine_machine.diagnose_engine`)."""
-    from specaudit.engine_machine import diagnose_engine
-
+def engine_failure_record(
+    reproducer: dict[str, Any], violations: list[Violation], signature: str | None = None
+) -> dict[str, Any]:
+    """What an engine reproducer file holds: the rules to replay, then the evidence they gave and,
+    where the writer diagnosed it, the signature (`specaudit.engine_machine.diagnose_engine`)."""
     first = violations[0] if violations else None
     return dict(
         reproducer,
         first_check=first.check if first else None,
         rule=first.rule if first else None,
-        signature=diagnose_engine(violations, reproducer).signature if first else None,
+        signature=signature,
         evidence=[asdict(v) for v in violations[:EVIDENCE_LIMIT]],
     )
 
@@ -257,7 +257,10 @@ def write_engine_failure(
     """`DIR/<name>.json` (replayable with `specaudit replay FILE --engine X`) and, with `test`,
     `DIR/test_regression_<name>.py`; returns the paths written."""
     name = identifier(name)
-    paths = [write_engine_reproducer(directory, name, engine_failure_record(reproducer, violations))]
+    from specaudit.engine_machine import diagnose_engine  # not on the item: each shrink step would re-run it
+
+    signature = diagnose_engine(violations, reproducer).signature if violations else None
+    paths = [write_engine_reproducer(directory, name, engine_failure_record(reproducer, violations, signature))]
     if test:
         test_path = Path(directory) / f"test_regression_{name}.py"
         test_path.write_text(engine_regression_test_source(reproducer, violations, name, summary))

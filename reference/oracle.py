@@ -15,6 +15,7 @@ margin, and only past the first doubt does it decode step by step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -79,9 +80,7 @@ def greedy_oracle(
         token = int(last.argmax())
         tokens.append(token)
         margins.append(top_margin(last))
-        stop: StopReason | None = (
-            "eos" if token == eos_token_id else "length" if len(tokens) >= max_new_tokens else None
-        )
+        stop = stop_reason(tokens, max_new_tokens, eos_token_id)
         if stop is not None and not keep_kv:
             return OracleResult(tuple(tokens), stop, tuple(margins))
         length = len(prompt) + len(tokens)
@@ -127,14 +126,6 @@ def proven_prefix(
     return list(answer[:proven]), gaps[:proven]
 
 
-def through_eos(tokens: list[int], margins: list[float], eos_token_id: int | None) -> tuple[list[int], list[float]]:
-    """Greedy decoding stops after EOS: nothing past the first one counts."""
-    if eos_token_id not in tokens:
-        return tokens, margins
-    end = tokens.index(eos_token_id) + 1
-    return tokens[:end], margins[:end]
-
-
 def answer_oracle(
     target: torch.nn.Module,
     prompt: tuple[int, ...],
@@ -152,32 +143,41 @@ def answer_oracle(
     margin = PROOF_MARGIN.get(next(target.parameters()).dtype, PROOF_MARGIN[torch.float32])
     tokens: list[int] = []
     margins: list[float] = []
+
+    def decode(budget: int) -> OracleResult:
+        found = greedy_oracle(target, prompt + tuple(tokens), max_new_tokens=budget, eos_token_id=eos_token_id)
+        tokens.extend(found.tokens)
+        margins.extend(found.margins)
+        return found
+
     while stop_reason(tokens, max_new_tokens, eos_token_id) is None:
-        context = prompt + tuple(tokens)
-        proven, gaps = proven_prefix(target, context, answer[len(tokens) : max_new_tokens], margin)
-        proven, gaps = through_eos(proven, gaps, eos_token_id)
-        tokens, margins = tokens + proven, margins + gaps
+        proven, gaps = proven_prefix(target, prompt + tuple(tokens), answer[len(tokens) : max_new_tokens], margin)
+        kept, _ = truncate(tuple(proven), max_new_tokens=len(proven), eos_token_id=eos_token_id)  # through EOS
+        tokens.extend(kept)
+        margins.extend(gaps[: len(kept)])
         if stop_reason(tokens, max_new_tokens, eos_token_id) is not None:
             break
-        on_answer = len(tokens) < len(answer)
-        budget = 1 if on_answer else max_new_tokens - len(tokens)
-        step = greedy_oracle(target, prompt + tuple(tokens), max_new_tokens=budget, eos_token_id=eos_token_id)
-        tokens, margins = tokens + list(step.tokens), margins + list(step.margins)
-        if on_answer and step.tokens[0] != answer[len(tokens) - 1]:
-            on_answer = False
-            if stop_reason(tokens, max_new_tokens, eos_token_id) is None:
-                rest = greedy_oracle(
-                    target,
-                    prompt + tuple(tokens),
-                    max_new_tokens=max_new_tokens - len(tokens),
-                    eos_token_id=eos_token_id,
-                )
-                tokens, margins = tokens + list(rest.tokens), margins + list(rest.margins)
-        if not on_answer:
-            break
+        if len(tokens) < len(answer):  # the first doubt: one greedy step decides
+            agrees = decode(1).tokens[0] == answer[len(tokens) - 1]
+            if agrees or stop_reason(tokens, max_new_tokens, eos_token_id) is not None:
+                continue
+        decode(max_new_tokens - len(tokens))  # past or off the answer: the rest blind
+        break
     stop = stop_reason(tokens, max_new_tokens, eos_token_id)
     assert stop is not None, "the oracle stops at EOS or the token limit"
     return OracleResult(tuple(tokens), stop, tuple(margins))
+
+
+def answer_oracles(
+    target: torch.nn.Module, wanted: Sequence[tuple[tuple[int, ...], tuple[int, ...], int]], eos_token_id: int | None
+) -> list[OracleResult]:
+    """`answer_oracle` for each (prompt, answer, max_new_tokens), each distinct one found once."""
+    memo: dict[tuple[tuple[int, ...], tuple[int, ...], int], OracleResult] = {}
+    for key in wanted:
+        if key not in memo:
+            prompt, answer, limit = key
+            memo[key] = answer_oracle(target, prompt, answer, max_new_tokens=limit, eos_token_id=eos_token_id)
+    return [memo[key] for key in wanted]
 
 
 def truncate(

@@ -29,7 +29,7 @@ from specaudit.checks import Equivalence, RowEquivalence, check_contract, check_
 from specaudit.contract import ContractError, instantiate, load_decoder, validate_output
 from specaudit.fixtures.pairs import DTYPES
 from specaudit.instrument import Recording
-from specaudit.reference.oracle import OracleResult, answer_oracle
+from specaudit.reference.oracle import OracleResult, answer_oracles
 from specaudit.runner import Run
 from specaudit.violation import Violation, render
 
@@ -181,12 +181,7 @@ def audit_blackbox(
     start = time.perf_counter()
     if oracle is None:  # found by checking each output (one teacher-forced forward when it is right)
         answers = [tuple(o) for o in outputs] if outputs is not None else [() for _ in prompts_t]
-        memo: dict[tuple[tuple[int, ...], tuple[int, ...]], OracleResult] = {}
-        with torch.no_grad():
-            for key in zip(prompts_t, answers):
-                if key not in memo:
-                    memo[key] = answer_oracle(target, *key, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
-        oracle = [memo[key] for key in zip(prompts_t, answers)]
+        oracle = answer_oracles(target, [(p, a, max_new_tokens) for p, a in zip(prompts_t, answers)], eos_token_id)
     oracle_seconds = time.perf_counter() - start
     run = Run(
         case=case,

@@ -61,7 +61,7 @@ from specaudit.engine import ENGINE_METHODS, EngineBook
 from specaudit.errors import UsageError
 from specaudit.instrument import Recording
 from specaudit.models import MODELS
-from specaudit.reference.oracle import OracleResult, answer_oracle
+from specaudit.reference.oracle import OracleResult, answer_oracles
 from specaudit.runner import Run
 from specaudit.settings import BlackboxSettings
 from specaudit.violation import Violation
@@ -370,19 +370,12 @@ def load_target(target: torch.nn.Module | str | Path, dtype: str | None = None, 
 def oracles(
     target: torch.nn.Module, requests: Sequence[Request], answers: dict[int, Answer], eos_token_id: int | None
 ) -> tuple[dict[int, OracleResult], float]:
-    """Each request's batch-size-1 greedy output and the time taken: found by checking its answer
-    (`answer_oracle`, one teacher-forced forward for a right one), memoised on what it depends on."""
+    """Each request's batch-size-1 greedy output, found by checking its answer (`answer_oracles`:
+    one teacher-forced forward for a right one), and the time taken."""
     start = time.perf_counter()
-    memo: dict[tuple[tuple[int, ...], int, tuple[int, ...]], OracleResult] = {}
-    keys = {r.id: (r.prompt, r.max_new_tokens, answers[r.id].tokens or ()) for r in requests}
-    with torch.no_grad():
-        for r in requests:
-            prompt, limit, answer = keys[r.id]
-            if keys[r.id] not in memo:
-                memo[keys[r.id]] = answer_oracle(
-                    target, prompt, answer, max_new_tokens=limit, eos_token_id=eos_token_id
-                )
-    return {r.id: memo[keys[r.id]] for r in requests}, time.perf_counter() - start
+    wanted = [(r.prompt, answers[r.id].tokens or (), r.max_new_tokens) for r in requests]
+    found = answer_oracles(target, wanted, eos_token_id)
+    return {r.id: result for r, result in zip(requests, found)}, time.perf_counter() - start
 
 
 def compare(
