@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specaudit.calibration import calibrate
-from specaudit.pretrained import DEFAULT_PROMPTS, resolve
+from specaudit.models.pretrained import DEFAULT_PROMPTS, resolve
+from specaudit.numerics.calibration import calibrate
 from specaudit.reference.oracle import greedy_oracle
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -7,7 +7,7 @@ Writes OUT_DIR/target and OUT_DIR/draft as Hugging Face directories (`save_pretr
 with the same offline character tokenizer, so `specaudit audit --target OUT_DIR/target --draft
 OUT_DIR/draft` loads them exactly as it loads real weights. The draft is a layer-skip draft: the
 target's first `--draft-layers` layers with its embedding, final norm and head
-(`specaudit.pretrained.layer_skip`, as for the built-in smollm2 draft).
+(`specaudit.models.pretrained.layer_skip`, as for the built-in smollm2 draft).
 
 Weights are drawn from one explicit `torch.Generator` (no global RNG), in float32, and saved
 in `--dtype` (the audit's `--dtype` casts on load). HF's initializer_range 0.02 at width 768
@@ -137,7 +137,7 @@ def build_target(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast) -
 
 def write_pair(args: argparse.Namespace) -> tuple[Path, Path]:
     """OUT/target and OUT/draft (its first --draft-layers layers), each with the tokenizer."""
-    from specaudit.pretrained import layer_skip
+    from specaudit.models.pretrained import layer_skip
 
     out = Path(args.out)
     target_dir, draft_dir = out / "target", out / "draft"
@@ -162,7 +162,7 @@ def write_pair(args: argparse.Namespace) -> tuple[Path, Path]:
 @torch.no_grad()
 def greedy(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Batch-size-1 greedy continuation with a cache: [1, L] -> [1, L + new_tokens]."""
-    from specaudit.compat import cache_keyword
+    from specaudit.models.compat import cache_keyword
 
     cache = DynamicCache()
     logits = model(input_ids=ids, use_cache=True, **{cache_keyword(model): cache}).logits  # [1, L, V]

@@ -20,10 +20,10 @@ import json
 import statistics
 from pathlib import Path
 
-from specaudit.diagnosis import diagnose
+from specaudit.checks.diagnosis import diagnose
 from specaudit.reference.mutants import CATALOG
-from specaudit.runner import run_case
-from specaudit.search import search
+from specaudit.running.runner import run_case
+from specaudit.search.driver import search
 
 ENGINE_SECTION = "## Engine bugs"
 """Where bench/kill_table_engines.py's section of kill_table.md starts: kept when this table is rewritten."""

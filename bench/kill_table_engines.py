@@ -2,7 +2,7 @@
 
 For every entry of specaudit.reference.engine_mutants.ENGINE_CATALOG, every model of --models
 (the transparent one, and tiny Llama, whose past I2 reads as K/V) and several seeds, run the
-engine state machine (`specaudit.engine_machine.run_machine`: the `ci` profile's 30 runs of at
+engine state machine (`specaudit.search.engine_machine.run_machine`: the `ci` profile's 30 runs of at
 most 12 rules, plus the drain) until the first failure, let Hypothesis shrink it, then
 delta-debug the shrunk rules (`minimize_ops`). Records per bug: median runs and rules to the
 first failure, the first failing run's length, median and slowest seconds to it, the shrunk
@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from specaudit.ddmin import minimize_ops
-from specaudit.engine_machine import DEFAULT_ENGINES, MachineRun, diagnose_engine, run_machine
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
+from specaudit.search.ddmin import minimize_ops
+from specaudit.search.engine_machine import DEFAULT_ENGINES, MachineRun, diagnose_engine, run_machine
 
 RESULTS = Path(__file__).parent / "results"
 SECTION = "## Engine bugs (continuous batching: the engine state machine)"

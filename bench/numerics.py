@@ -16,9 +16,9 @@ import random
 import time
 from pathlib import Path
 
-from specaudit.case import Case
 from specaudit.checks import check_i1, check_i2, equivalence
-from specaudit.runner import run_case
+from specaudit.contracts.case import Case
+from specaudit.running.runner import run_case
 
 DECODERS = {
     "EQSPEC": "specaudit.reference.eqspec:EqSpec",

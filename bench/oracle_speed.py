@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from specaudit.adapters.engine_blackbox import CompletionsClient, Request, make_requests, send_staggered
-from specaudit.loading import load_model, load_tokenizer, read_prompts, tokenize
-from specaudit.pretrained import DEFAULT_PROMPTS, resolve
+from specaudit.models.loading import load_model, load_tokenizer, read_prompts, tokenize
+from specaudit.models.pretrained import DEFAULT_PROMPTS, resolve
 from specaudit.reference.oracle import OracleResult, answer_oracle, greedy_oracle
 
 OUT = Path(__file__).parent / "results" / "oracle_speed.md"

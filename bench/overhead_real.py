@@ -9,7 +9,7 @@ interleaved, `--repeats` times; I1 + I2 are timed on each instrumented run twice
 with I2's reference K/V sliced from the oracle's kept cache (after) and from a batch-size-1
 forward per row sequence (before). Medians; overheads relative to the un-instrumented decoder.
 
-Part 2, margins: for each dtype in `--margins`, the measured noise floor (`specaudit.calibration`,
+Part 2, margins: for each dtype in `--margins`, the measured noise floor (`specaudit.numerics.calibration`,
 on these prompts) against what the correct decoders show: the largest distance of an attended
 slot to its expected entry, and the smallest distance to a wrong entry (the neighbouring
 positions' entries, another request's entry at the same index), both in units of the floor's
@@ -30,13 +30,13 @@ from typing import Any
 
 import torch
 
-from specaudit.calibration import calibrate
+from specaudit.adapters.overhead import measure_overhead
+from specaudit.adapters.realmodel import RealRun, checks_target, oracle_for, real_case, run_real
 from specaudit.checks import check_i2
 from specaudit.checks.rows import KV_NOISE_MULTIPLE, KVReader, follow_rows
-from specaudit.loading import load_pair, read_prompts, special_ids, tokenize
-from specaudit.overhead import measure_overhead
-from specaudit.pretrained import DEFAULT_PROMPTS
-from specaudit.realmodel import RealRun, checks_target, oracle_for, real_case, run_real
+from specaudit.models.loading import load_pair, read_prompts, special_ids, tokenize
+from specaudit.models.pretrained import DEFAULT_PROMPTS
+from specaudit.numerics.calibration import calibrate
 
 DECODERS = {
     "EQSPEC": "specaudit.reference.eqspec:EqSpec",
@@ -198,8 +198,9 @@ def render(results: dict[str, Any]) -> str:
             "",
             "## I2's noise margin",
             "",
-            "The noise floor measured on these prompts (`specaudit.calibration`), and what the correct decoders "
-            "show at check rate 1.0, in units of the floor's `kv_max`: the largest distance (max |.| over layers, "
+            "The noise floor measured on these prompts (`specaudit.numerics.calibration`), and what the correct "
+            "decoders show at check rate 1.0, in units of the floor's `kv_max`: the largest distance (max |.| over "
+            "layers, "
             "heads, features) of an attended slot to its expected batch-size-1 entry, and the smallest distance to "
             "a wrong entry (a neighbouring position's entry, another request's entry at the same index where the "
             f"prefixes differ). I2's bound is {KV_NOISE_MULTIPLE:g}x kv_max.",

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specaudit.compat import cache_from_call, cache_from_tensors, cache_layers, cache_length, set_cache_layers
+from specaudit.models.compat import cache_from_call, cache_from_tensors, cache_layers, cache_length, set_cache_layers
 from specaudit.reference.batched import BatchedGreedy
 from specaudit.reference.eqspec import BatchState, EqSpec, repad
 from specaudit.reference.exspec import ExSpec

@@ -8,7 +8,7 @@ properties alike (`pytest_runtest_call`), keeps them on one xdist worker (`loadg
 worker on one torch thread.
 
 Cases drawn once are judged by every check: each property of one decoder x model draws the same
-cases from the same seed, on the same worker, so `specaudit.runner.cached_run` runs each case
+cases from the same seed, on the same worker, so `specaudit.running.runner.cached_run` runs each case
 once and the eight checks read that one run; the suite still reports each check by name.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Generator, Hashable
 
 import pytest
 
-from specaudit.profiles import default_profile, register_profiles
+from specaudit.config.profiles import default_profile, register_profiles
 
 # At import: the suite's conftest loads before Hypothesis's plugin reads --hypothesis-profile.
 register_profiles()
@@ -168,7 +168,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "engine_spec" in metafunc.fixturenames:
-        from specaudit.engine_machine import DEFAULT_ENGINES
+        from specaudit.search.engine_machine import DEFAULT_ENGINES
 
         specs = metafunc.config.getoption("specaudit_engine", default=None) or list(DEFAULT_ENGINES)
         metafunc.parametrize("engine_spec", specs)

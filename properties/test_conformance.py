@@ -1,4 +1,4 @@
-"""The conformance suite: one property per check of the registry (`specaudit.registry`), run
+"""The conformance suite: one property per check of the registry (`specaudit.checks.registry`), run
 for every decoder under test (`--decoder module:attr`, default: the reference decoders) on
 every built-in model. Each property states its check's sentence and calls that check by name;
 the decoder contract is part of every property. A failing example is noted on the property's own
@@ -13,11 +13,11 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from specaudit.registry import NOT_APPLICABLE, check_named, judge
-from specaudit.reproducer import remember_failure
-from specaudit.runner import Run, cached_run
-from specaudit.strategies import cases
-from specaudit.violation import explain
+from specaudit.artifacts.reproducer import remember_failure
+from specaudit.checks.registry import NOT_APPLICABLE, check_named, judge
+from specaudit.contracts.violation import explain
+from specaudit.running.runner import Run, cached_run
+from specaudit.search.strategies import cases
 
 pytestmark = pytest.mark.specaudit
 

@@ -1,6 +1,6 @@
 """The engine property: a continuous-batching engine (`--engine module:attr`, default the
 reference engines) matches the oracle after every step of a Hypothesis state machine whose
-rules add requests at any step, step the engine and abort requests (`specaudit.engine_machine`),
+rules add requests at any step, step the engine and abort requests (`specaudit.search.engine_machine`),
 on every built-in model of `--models` (the transparent one, and the tiny real ones in float64,
 whose past slots I2 reads as K/V)."""
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from specaudit.engine import EngineLoadError, load_engine
-from specaudit.engine_machine import event_shares, machine_failure, machine_for, machine_settings
-from specaudit.reproducer import remember_engine_failure
+from specaudit.artifacts.reproducer import remember_engine_failure
+from specaudit.contracts.engine import EngineLoadError, load_engine
+from specaudit.search.engine_machine import event_shares, machine_failure, machine_for, machine_settings
 
 pytestmark = pytest.mark.specaudit
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import call_model
+from specaudit.models.compat import call_model
 from specaudit.reference.eqspec import EqSpec, left_pad_positions
 
 

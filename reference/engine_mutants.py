@@ -1,11 +1,11 @@
 """Planted engine bugs: small named variations of the reference engines the state machine must catch.
 
-Each is a negative control for a check of `specaudit.engine_machine` (checks in the order
+Each is a negative control for a check of `specaudit.search.engine_machine` (checks in the order
 contract, I1, I2, equivalence, liveness). `ENGINE_CATALOG` maps name to class; every entry runs
 as `--engine specaudit.reference.engine_mutants:NAME`. Each class carries a `bug: EngineBugInfo`
 whose `first_check` and `rule` were measured with the state machine on its shrunk failing
 sequence, and whose `signature` is the one the engine diagnosis derives from that failure by
-the registry's mapping (`specaudit.engine_machine.diagnose_engine`); tests/test_engines.py
+the registry's mapping (`specaudit.search.engine_machine.diagnose_engine`); tests/test_engines.py
 keeps all three honest. A retired row attended is a stale row attended: kv-drift, as the
 registry maps every I2 slot fault, even where the live requests' outputs stay right.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import cache_from_tensors, cache_layers, call_model
+from specaudit.models.compat import cache_from_tensors, cache_layers, call_model
 from specaudit.reference.engines import EqSpecEngine, ExSpecEngine, pad_left, stack_caches
 from specaudit.reference.eqspec import BatchState, left_pad_positions
 
@@ -26,7 +26,7 @@ from specaudit.reference.eqspec import BatchState, left_pad_positions
 class EngineBugInfo:
     bug_class: str  # short description
     seen_in: str  # where that class of bug is seen ("—": nowhere in particular)
-    signature: str  # one of specaudit.registry.SIGNATURES: what the engine diagnosis derives
+    signature: str  # one of specaudit.checks.registry.SIGNATURES: what the engine diagnosis derives
     first_check: str  # first failing check: contract, I1, I2, equivalence, liveness
     rule: str  # the rule of that check the shrunk failure breaks
 

@@ -2,7 +2,7 @@
 
 Both are compositions of the batch references (`reference/eqspec.py`, `reference/exspec.py`):
 the round is theirs (propose, batch_verify, accept, commit, realign); what is added is the
-engine contract (see `specaudit.engine`) and admission between rounds.
+engine contract (see `specaudit.contracts.engine`) and admission between rounds.
 
   - EqSpecEngine: one left-padded batch. A newcomer is prefilled in a forward of its own
     (EQSPEC's prefill over the newcomers only), then repadded into the running batch: both
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specaudit.compat import cache_from_tensors, cache_layers
+from specaudit.models.compat import cache_from_tensors, cache_layers
 from specaudit.reference.eqspec import BatchState, EqSpec
 from specaudit.reference.exspec import ExSpec, Sequence
 from specaudit.reference.lazy import LazySpec

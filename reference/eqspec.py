@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import cache_layers, call_model, set_cache_layers
+from specaudit.models.compat import cache_layers, call_model, set_cache_layers
 
 
 @dataclass

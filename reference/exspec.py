@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from specaudit.compat import cache_from_tensors, cache_layers
+from specaudit.models.compat import cache_from_tensors, cache_layers
 from specaudit.reference.eqspec import BatchState, EqSpec
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]

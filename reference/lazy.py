@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from specaudit.compat import select_rows
+from specaudit.models.compat import select_rows
 from specaudit.reference.eqspec import BatchState, EqSpec
 
 

@@ -6,7 +6,7 @@ was seen ("—": nowhere in particular), and carries a `bug: BugInfo` whose `fir
 and `visible_at_batch_1` were measured with the harness on generated cases
 (tests/test_mutants.py keeps them honest).
 
-Checks run in the registry's order (`specaudit.registry.CHECKS`: contract, I1, I2, equivalence,
+Checks run in the registry's order (`specaudit.checks.registry.CHECKS`: contract, I1, I2, equivalence,
 token-preservation, liveness, grouped-no-realignment, order-independence); `first_check` is the
 first of those that reports a violation on the shrunk failing case.
 
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import cache_keyword, cache_layers, call_model, output_cache, select_rows, set_cache_layers
+from specaudit.models.compat import cache_keyword, cache_layers, call_model, output_cache, select_rows, set_cache_layers
 from specaudit.reference.eqspec import BatchState, EqSpec, left_pad_positions
 
 
@@ -34,7 +34,7 @@ from specaudit.reference.eqspec import BatchState, EqSpec, left_pad_positions
 class BugInfo:
     bug_class: str  # short description
     seen_in: str  # "DSD", "BSP", "HF defaults", "several" or "—"
-    signature: str  # one of SIGNATURES: what specaudit.diagnosis names it
+    signature: str  # one of SIGNATURES: what specaudit.checks.diagnosis names it
     first_check: str  # first failing check, in the registry's order
     visible_at_batch_1: bool  # True if it fails even with a single row
     needs_padding: bool = False  # at batch size 1 only with extra pad columns: its smallest case may use a 2nd row

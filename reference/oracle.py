@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import cache_layers, call_model, last_logits
+from specaudit.models.compat import cache_layers, call_model, last_logits
 
 StopReason = Literal["eos", "length"]
 

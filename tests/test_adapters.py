@@ -11,11 +11,11 @@ import torch
 
 from specaudit.adapters import BlackBoxEngine, DecoderEngine, HFAssisted, audit_blackbox
 from specaudit.adapters.hf_assisted import cut
-from specaudit.case import Case
-from specaudit.diagnosis import all_violations, diagnose
+from specaudit.checks.diagnosis import all_violations, diagnose
+from specaudit.contracts.case import Case
 from specaudit.fixtures.tiny import build_tiny
-from specaudit.runner import oracle_continuation, run_case
-from specaudit.strategies import pattern_from_rounds
+from specaudit.running.runner import oracle_continuation, run_case
+from specaudit.search.strategies import pattern_from_rounds
 
 HF = "specaudit.adapters.hf_assisted:HFAssisted"
 REPO = Path(__file__).resolve().parents[1]

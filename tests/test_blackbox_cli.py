@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from specaudit.cli import main
+from specaudit.commands.cli import main
 from specaudit.fixtures.pairs import draft_model, target_model
 from specaudit.reference.engine_mutants import AdmitPositionsFromWidth
 from specaudit.reference.engines import EqSpecEngine
@@ -229,7 +229,7 @@ def test_token_id_prompts_are_sent_as_given(serve, tmp_path: Path, capsys) -> No
 def test_text_prompts_and_a_model_directory(tmp_path: Path, capsys) -> None:
     """--target as a Hugging Face directory (the tiny llama saved) with text --prompts, tokenized with
     its tokenizer: the engine on the same weights passes, and the reproducer names the directory whole."""
-    from specaudit.loading import save_tiny_pair, tiny_tokenizer
+    from specaudit.models.loading import save_tiny_pair, tiny_tokenizer
 
     target_dir, _ = save_tiny_pair(tmp_path / "models")
     prompts = tmp_path / "prompts.txt"

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specaudit.calibration import calibrate, judge_divergence
 from specaudit.fixtures.tiny import build_tiny
+from specaudit.numerics.calibration import calibrate, judge_divergence
 from specaudit.reference.oracle import greedy_oracle
 
 PROMPTS = [(5, 9, 2, 7), (11,), (3, 3, 8, 1, 4, 6, 2), (40, 41)]

@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specaudit.case import Case
 from specaudit.checks import (
     check_equivalence,
     check_i1,
@@ -19,13 +18,14 @@ from specaudit.checks import (
     equivalence,
     i1_call_violations,
 )
-from specaudit.compat import call_model
+from specaudit.contracts.case import Case
+from specaudit.contracts.violation import Violation
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.fixtures.transparent import wrong_token
-from specaudit.instrument import CallRecord
+from specaudit.models.compat import call_model
 from specaudit.reference.eqspec import BatchState, EqSpec
-from specaudit.runner import Run, oracle_continuation, run_case
-from specaudit.violation import Violation
+from specaudit.running.instrument import CallRecord
+from specaudit.running.runner import Run, oracle_continuation, run_case
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 CHECKS: dict[str, Callable[[Run], list[Violation]]] = {

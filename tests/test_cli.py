@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.audit import audit_plan
-from specaudit.case import Case
-from specaudit.cli import main
-from specaudit.errors import UsageError
-from specaudit.models import DEFAULT_DECODERS, MODELS
+from specaudit.artifacts.audit import audit_plan
+from specaudit.checks.registry import BATCH_ORDER
+from specaudit.commands.cli import main
+from specaudit.config.settings import AuditSettings, GateSettings, MinimizeSettings, RealAuditSettings
+from specaudit.contracts.builtins import DEFAULT_DECODERS, MODELS
+from specaudit.contracts.case import Case
+from specaudit.contracts.errors import UsageError
 from specaudit.reference.mutants import CATALOG
-from specaudit.registry import BATCH_ORDER
-from specaudit.settings import AuditSettings, GateSettings, MinimizeSettings, RealAuditSettings
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 MUTANT = "specaudit.reference.mutants:rejected_kv_attended"

@@ -13,12 +13,19 @@ from typing import Any
 import pytest
 import torch
 
-from specaudit import contract
-from specaudit.case import Case
 from specaudit.checks import check_equivalence, check_i2, check_token_preservation
-from specaudit.contract import ContractError, DecoderLoadError, call_decoder, instantiate, load_decoder, validate_output
+from specaudit.contracts import decoder as contract
+from specaudit.contracts.case import Case
+from specaudit.contracts.decoder import (
+    ContractError,
+    DecoderLoadError,
+    call_decoder,
+    instantiate,
+    load_decoder,
+    validate_output,
+)
 from specaudit.reference.eqspec import EqSpec
-from specaudit.runner import run_case
+from specaudit.running.runner import run_case
 from tests.decoders.hangs import HangsOnTwoRows
 
 IDS = torch.tensor([[0, 3, 1, 4], [9, 2, 6, 5]])  # [2, 4]
@@ -360,7 +367,7 @@ def test_changing_the_shared_models_breaks_models_unchanged_and_is_repaired(
 ) -> None:
     """A changed weight, config, mode or a hook left behind breaks 'models-unchanged', naming what changed;
     the next run gets the model as built, so EQSPEC passes again."""
-    from specaudit.diagnosis import all_violations
+    from specaudit.checks.diagnosis import all_violations
     from specaudit.fixtures.pairs import target_model
 
     case = Case(
@@ -395,10 +402,10 @@ def test_a_hangs_reproducer_is_the_case_that_hung(monkeypatch: pytest.MonkeyPatc
     """Searching a decoder that hangs on two rows shrinks to a two-row case (every attempt runs
     a fresh decoder that can time out again, nothing is condemned in advance), and replaying the
     reproducer written for it reports 'generate-returns' again."""
-    from specaudit import runner
-    from specaudit.replay import replay
-    from specaudit.reproducer import failure_record, write_reproducer
-    from specaudit.search import search
+    from specaudit.artifacts.reproducer import failure_record, write_reproducer
+    from specaudit.commands.replay import replay
+    from specaudit.running import runner
+    from specaudit.search.driver import search
 
     monkeypatch.setattr(runner, "IDLE_FLOOR_S", 0.3)
     spec = "tests.decoders.hangs:HangsOnTwoRows"
@@ -482,7 +489,7 @@ class Runaway:
 
 def test_a_decoder_whose_rows_never_finish_is_stopped() -> None:
     """More target forwards than the case can need is 'generate-returns', long before the idle limit."""
-    from specaudit.runner import max_forwards
+    from specaudit.running.runner import max_forwards
 
     case = Case(((5,),), ((True,),), 1, 1, None, 0)
     run = run_case("tests:runaway", case, factory=Runaway)
@@ -493,7 +500,7 @@ def test_a_decoder_whose_rows_never_finish_is_stopped() -> None:
 def test_idle_limit_follows_the_measured_reference_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """The idle limit is IDLE_MULTIPLE x the oracle's measured time on the case, with a floor:
     a machine twice as slow gets a limit twice as long once the floor is passed."""
-    from specaudit import runner
+    from specaudit.running import runner
 
     case = Case(((1,),), ((True,),), 1, 1, None, 0)
     assert runner.idle_limit(case) == runner.IDLE_FLOOR_S  # a tiny case: the floor
@@ -521,7 +528,7 @@ class Flaky:
 
 def test_replay_failures_measures_nondeterminism() -> None:
     """replay_failures counts failing replays: 0 for EQSPEC, all for a broken decoder, some for a flaky one."""
-    from specaudit.registry import replay_failures
+    from specaudit.checks.registry import replay_failures
 
     assert replay_failures("specaudit.reference.eqspec:EqSpec", SMALL, None, 2) == 0
     assert replay_failures("tests:short", SMALL, lambda: Returns([[1]]), 3) == 3

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.case import Case
-from specaudit.cli import main
-from specaudit.ddmin import CasePasses, ddmin, minimize_case
-from specaudit.diagnosis import all_violations, diagnose
-from specaudit.runner import run_case
+from specaudit.checks.diagnosis import all_violations, diagnose
+from specaudit.commands.cli import main
+from specaudit.contracts.case import Case
+from specaudit.running.runner import run_case
+from specaudit.search.ddmin import CasePasses, ddmin, minimize_case
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 REJECTED_KV = "specaudit.reference.mutants:rejected_kv_attended"

@@ -326,7 +326,7 @@ def test_schedules_are_seeded() -> None:
 
 def test_target_from_a_model_directory(pair, tmp_path) -> None:
     """The oracle's target given as a Hugging Face directory (the tiny llama saved): same verdict."""
-    from specaudit.loading import save_tiny_pair
+    from specaudit.models.loading import save_tiny_pair
 
     target_dir, _ = save_tiny_pair(tmp_path)
     result = audit_callable(make_engine(EqSpecEngine, pair), str(target_dir), PROMPTS[:3], max_new_tokens=6)

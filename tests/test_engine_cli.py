@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.audit import audit_engine, audit_plan, engine_plan, planted_engine_bugs
-from specaudit.cli import main
-from specaudit.engine_machine import DEFAULT_ENGINES, ENGINE_CHECKS, replay
-from specaudit.models import MODELS
+from specaudit.artifacts.audit import audit_engine, audit_plan, engine_plan, planted_engine_bugs
+from specaudit.artifacts.reproducer import load_engine_reproducer
+from specaudit.commands.cli import main
+from specaudit.config.settings import AuditSettings
+from specaudit.contracts.builtins import MODELS
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
-from specaudit.reproducer import load_engine_reproducer
-from specaudit.settings import AuditSettings
+from specaudit.search.engine_machine import DEFAULT_ENGINES, ENGINE_CHECKS, replay
 
 EQSPEC_ENGINE = "specaudit.reference.engines:EqSpecEngine"
 ADMIT_POSITIONS = "specaudit.reference.engine_mutants:AdmitPositionsFromWidth"

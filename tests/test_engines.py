@@ -15,10 +15,14 @@ import pytest
 import torch
 from hypothesis.stateful import run_state_machine_as_test
 
+from specaudit.checks.registry import SIGNATURES
 from specaudit.checks.rows import observe
-from specaudit.determinism import without_local_constants
-from specaudit.engine import EngineLoadError, load_engine
-from specaudit.engine_machine import (
+from specaudit.contracts.engine import EngineLoadError, load_engine
+from specaudit.fixtures import VOCAB_SIZE
+from specaudit.reference.engine_mutants import ENGINE_CATALOG
+from specaudit.reference.engines import EqSpecEngine
+from specaudit.search.determinism import without_local_constants
+from specaudit.search.engine_machine import (
     DEFAULT_ENGINES,
     EngineFailure,
     EngineSession,
@@ -32,11 +36,7 @@ from specaudit.engine_machine import (
     replay,
     run_machine,
 )
-from specaudit.fixtures import VOCAB_SIZE
-from specaudit.reference.engine_mutants import ENGINE_CATALOG
-from specaudit.reference.engines import EqSpecEngine
-from specaudit.registry import SIGNATURES
-from specaudit.strategies import pattern_from_rounds
+from specaudit.search.strategies import pattern_from_rounds
 
 CORRECT_ENGINES = (
     "specaudit.reference.engines:EqSpecEngine",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from specaudit.engine_machine import replay, run_machine
+from specaudit.search.engine_machine import replay, run_machine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

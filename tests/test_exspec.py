@@ -8,17 +8,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specaudit.case import Case
 from specaudit.checks import check_i2
-from specaudit.compat import call_model
+from specaudit.checks.registry import FAIL, evaluate, judge
+from specaudit.checks.scheduling import calls_by_request
+from specaudit.contracts.case import Case
+from specaudit.contracts.violation import explain
+from specaudit.models.compat import call_model
 from specaudit.reference.eqspec import BatchState
 from specaudit.reference.exspec import ExSpec
 from specaudit.reference.lazy import LazySpec
-from specaudit.registry import FAIL, evaluate, judge
-from specaudit.runner import Run, run_case
-from specaudit.scheduling import calls_by_request
-from specaudit.strategies import cases
-from specaudit.violation import explain
+from specaudit.running.runner import Run, run_case
+from specaudit.search.strategies import cases
 
 ALL_ACCEPT = tuple([True] * 40)
 ALL_REJECT = tuple([False] * 40)

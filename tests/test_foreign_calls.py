@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from specaudit.case import Case
-from specaudit.diagnosis import all_violations, diagnose
-from specaudit.runner import run_case
-from specaudit.search import search
+from specaudit.checks.diagnosis import all_violations, diagnose
+from specaudit.contracts.case import Case
+from specaudit.running.runner import run_case
+from specaudit.search.driver import search
 from tests.decoders.positional import MaskedSpec
 
 FOREIGN = (
@@ -77,7 +77,7 @@ class ThroughForward(MaskedSpec):
     """The same algorithm, calling the target as `target.forward(...)`."""
 
     def forward(self, model, ids, mask, positions, cache):  # type: ignore[no-untyped-def]
-        from specaudit.compat import cache_keyword
+        from specaudit.models.compat import cache_keyword
 
         kw = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, cache_keyword(model): cache}
         return model.forward(**kw, use_cache=True).logits

@@ -18,13 +18,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specaudit.case import Case
 from specaudit.checks import check_equivalence, check_i1, check_i2, check_token_preservation, row_views
-from specaudit.diagnosis import diagnose
+from specaudit.checks.diagnosis import diagnose
+from specaudit.contracts.case import Case
+from specaudit.contracts.violation import Violation
 from specaudit.reference.mutants import CATALOG
-from specaudit.runner import Run, oracle_continuation, run_case
-from specaudit.strategies import cases
-from specaudit.violation import Violation
+from specaudit.running.runner import Run, oracle_continuation, run_case
+from specaudit.search.strategies import cases
 from tests.decoders.chunked import ChunkedSpec
 from tests.decoders.pending import PendingPadRows, PendingSpec
 from tests.decoders.recompute import RecomputeSpec, RecomputeUnpadsByValue

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 
-from specaudit.case import Case
-from specaudit.cli import main
-from specaudit.errors import UsageError
+from specaudit.checks.registry import BATCH_ORDER
+from specaudit.commands.cli import main
+from specaudit.config.xfails import load_xfails
+from specaudit.contracts.case import Case
+from specaudit.contracts.errors import UsageError
 from specaudit.reference.eqspec import EqSpec
 from specaudit.reference.mutants import RejectedKvAttended
-from specaudit.registry import BATCH_ORDER
-from specaudit.xfails import load_xfails
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 MUTANT = "specaudit.reference.mutants:rejected_kv_attended"

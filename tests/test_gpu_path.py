@@ -1,6 +1,6 @@
 """The GPU path on the CPU: the config-built pair of bench/gpu_model.py through the real-model
 audit, the summary of bench/gpu_summary.py, the syntax of bench/gpu_check.sh, and the GPU each
-pytest-xdist worker takes for plain `cuda` (specaudit.loading.worker_device)."""
+pytest-xdist worker takes for plain `cuda` (specaudit.models.loading.worker_device)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from types import ModuleType
 import pytest
 import torch
 
-from specaudit.cli import main
-from specaudit.loading import resolve_device, worker_device
+from specaudit.commands.cli import main
+from specaudit.models.loading import resolve_device, worker_device
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--draft-layers", "1"]

@@ -14,17 +14,17 @@ from typing import Any
 import pytest
 import torch
 
-from specaudit.calibration import NoiseFloor
-from specaudit.case import Case
+from specaudit.adapters.realmodel import run_real
 from specaudit.checks import check_i2
 from specaudit.checks.rows import KV_NOISE_MULTIPLE, flat_cache, follow_rows
-from specaudit.compat import cache_layers
-from specaudit.loading import load_pair, save_tiny_pair
-from specaudit.realmodel import run_real
+from specaudit.contracts.case import Case
+from specaudit.models.compat import cache_layers
+from specaudit.models.loading import load_pair, save_tiny_pair
+from specaudit.numerics.calibration import NoiseFloor
 from specaudit.reference.eqspec import EqSpec
 from specaudit.reference.oracle import greedy_oracle, kv_rows, reference_kv
-from specaudit.runner import Run, run_case
-from specaudit.strategies import pattern_from_rounds
+from specaudit.running.runner import Run, run_case
+from specaudit.search.strategies import pattern_from_rounds
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 PROMPTS = ["Hello world", "The quick brown fox", "abc", "zz top x"]

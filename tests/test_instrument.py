@@ -12,12 +12,12 @@ import pytest
 import torch
 from transformers import DynamicCache, StaticCache
 
-from specaudit.case import Case
-from specaudit.compat import cache_keyword, call_arguments, forward_signature, layer_lengths
-from specaudit.diagnosis import all_violations
+from specaudit.checks.diagnosis import all_violations
+from specaudit.contracts.case import Case
 from specaudit.fixtures.pairs import target_model
-from specaudit.instrument import CallRecord, Recording, breach, instrument
-from specaudit.runner import run_case
+from specaudit.models.compat import cache_keyword, call_arguments, forward_signature, layer_lengths
+from specaudit.running.instrument import CallRecord, Recording, breach, instrument
+from specaudit.running.runner import run_case
 from tests.decoders.positional import MaskedSpec, Positional
 
 IDS = torch.tensor([[0, 5, 9, 2], [7, 3, 8, 1]])  # [2, 4]

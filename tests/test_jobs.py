@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from specaudit.cli import main
-from specaudit.errors import UsageError
-from specaudit.jobs import default_jobs, run_all
+from specaudit.commands.cli import main
+from specaudit.contracts.errors import UsageError
+from specaudit.search.jobs import default_jobs, run_all
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 MUTANT = "specaudit.reference.mutants:rejected_kv_attended"

@@ -21,14 +21,15 @@ FOLDERS = {"": ROOT, **{name: ROOT.parent / name for name in ("reference", "fixt
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
     (layer, frozenset(names.split()))
     for layer, names in (
-        ("foundation", "__init__ errors violation rules item profiles determinism jobs compat case contract models"),
-        ("settings", "xfails settings"),
-        ("models", "fixtures reference pretrained loading"),
-        ("running and observing", "instrument calibration runner noise engine adapters.vllm_observer"),
-        ("checks", "checks scheduling registry diagnosis"),
-        ("search and minimization", "strategies ddmin search engine_machine"),
-        ("subjects and artifacts", "adapters reproducer realmodel transplant overhead minimize audit realaudit gate"),
-        ("commands", "replay cli suite pytest_plugin __main__ properties"),
+        ("foundation", "__init__ contracts"),
+        ("settings", "config"),
+        ("models", "models reference fixtures"),
+        ("numerics", "numerics"),
+        ("running and observing", "running adapters.vllm_observer"),
+        ("checks", "checks"),
+        ("search and minimization", "search"),
+        ("subjects and artifacts", "artifacts adapters"),
+        ("commands", "commands __main__ properties"),
     )
 )
 """Lowest first. A name is a module or a whole subpackage; the longest matching name wins."""
@@ -90,6 +91,6 @@ def test_no_module_imports_from_a_higher_layer() -> None:
 def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
     """The negative control: a foundation module importing the CLI is reported."""
     path = tmp_path / "errors.py"
-    path.write_text("def f():\n    from specaudit.cli import main\n")
+    path.write_text("def f():\n    from specaudit.commands.cli import main\n")
     found = [(name, target_layer(name)) for name, _ in imported(path)]
-    assert found == [("cli.main", len(LAYERS) - 1)] and layer_of("errors") == 0, found
+    assert found == [("commands.cli.main", len(LAYERS) - 1)] and layer_of("contracts.errors") == 0, found

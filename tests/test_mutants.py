@@ -10,14 +10,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from specaudit.case import Case
-from specaudit.diagnosis import diagnose
-from specaudit.models import MODELS
+from specaudit.checks.diagnosis import diagnose
+from specaudit.checks.registry import CHECK_ORDER, SIGNATURES
+from specaudit.contracts.builtins import MODELS
+from specaudit.contracts.case import Case
 from specaudit.reference.mutants import CATALOG, BugInfo
-from specaudit.registry import CHECK_ORDER, SIGNATURES
-from specaudit.runner import run_case
-from specaudit.search import search
-from specaudit.strategies import pattern_from_rounds
+from specaudit.running.runner import run_case
+from specaudit.search.driver import search
+from specaudit.search.strategies import pattern_from_rounds
 
 MAX_EXAMPLES = 200
 NEW_RANGE_SHRINK_BUDGET = 40

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from specaudit.calibration import NoiseFloor
-from specaudit.case import Case
 from specaudit.checks import check_equivalence, equivalence
+from specaudit.contracts.case import Case
 from specaudit.fixtures.tiny import build_tiny
-from specaudit.noise import measure_noise, witness_for
+from specaudit.numerics.calibration import NoiseFloor
+from specaudit.numerics.noise import measure_noise, witness_for
 from specaudit.reference.oracle import greedy_oracle
-from specaudit.runner import Run, run_case
+from specaudit.running.runner import Run, run_case
 
 PATTERN = tuple([True, False] * 20)
 

@@ -9,15 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specaudit.case import Case
 from specaudit.checks import check_equivalence, equivalence
-from specaudit.compat import call_model
-from specaudit.diagnosis import all_violations, diagnose
+from specaudit.checks.diagnosis import all_violations, diagnose
+from specaudit.contracts.case import Case
 from specaudit.fixtures.pairs import target_model
+from specaudit.models.compat import call_model
 from specaudit.reference.eqspec import BatchState, EqSpec
 from specaudit.reference.oracle import OracleResult, greedy_oracle
-from specaudit.runner import Run, run_case
-from specaudit.strategies import cases
+from specaudit.running.runner import Run, run_case
+from specaudit.search.strategies import cases
 
 PATTERN = tuple([True, False] * 20)
 

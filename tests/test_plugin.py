@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specaudit.models import DEFAULT_DECODERS, MODELS
+from specaudit.contracts.builtins import DEFAULT_DECODERS, MODELS
 
 PROPERTIES = Path(__file__).resolve().parents[1] / "properties"
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
@@ -28,13 +28,13 @@ pytestmark = pytest.mark.specaudit
 
 
 def test_decoder(specaudit_decoder: str) -> None:
-    from specaudit.contract import instantiate, load_decoder
+    from specaudit.contracts.decoder import instantiate, load_decoder
 
     assert callable(instantiate(load_decoder(specaudit_decoder), specaudit_decoder).generate)
 
 
 def test_model(specaudit_decoder: str, specaudit_model: str) -> None:
-    from specaudit.models import MODELS
+    from specaudit.contracts.builtins import MODELS
 
     assert specaudit_model in MODELS
 """
@@ -84,7 +84,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-import specaudit.runner
+import specaudit.running.runner
 
 
 @pytest.hookimpl(trylast=True)
@@ -97,7 +97,7 @@ def pytest_configure(config):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     real, drawn, runs = item.module.cached_run, [], []
-    real_run = specaudit.runner.run_case
+    real_run = specaudit.running.runner.run_case
 
     def recording(spec, case):
         # what was drawn, but the model and the EOS and pad ids (picked from the model's oracle)
@@ -108,11 +108,11 @@ def pytest_runtest_call(item):
         runs.append(1)
         return real_run(spec, case)
 
-    item.module.cached_run, specaudit.runner.run_case = recording, counting
+    item.module.cached_run, specaudit.running.runner.run_case = recording, counting
     try:
         yield
     finally:
-        item.module.cached_run, specaudit.runner.run_case = real, real_run
+        item.module.cached_run, specaudit.running.runner.run_case = real, real_run
         worker = os.environ.get("PYTEST_XDIST_WORKER", "")
         with Path("drawn.jsonl").open("a") as out:
             out.write(json.dumps({"item": item.name, "cases": drawn, "runs": len(runs), "worker": worker}) + "\\n")
@@ -285,7 +285,7 @@ def test_failing_engine_property_writes_a_replayable_reproducer(
 ) -> None:
     """A failing engine property writes its shrunk rule sequence to --specaudit-out; `specaudit
     replay FILE --engine SPEC` fails it again with the same check and rule."""
-    from specaudit.cli import main
+    from specaudit.commands.cli import main
 
     monkeypatch.delenv("CI", raising=False)
     out = pytester.path / "repro"
@@ -294,7 +294,7 @@ def test_failing_engine_property_writes_a_replayable_reproducer(
     written = sorted(out.glob("*.json")) if out.is_dir() else []
     assert len(written) == 1 and "FreeListOffBy" in written[0].name, f"{out} holds {written}, should hold one"
     assert f"reproducer written to {written[0]}" in result.stdout.str(), output(result)
-    from specaudit.reproducer import load_reproducer
+    from specaudit.artifacts.reproducer import load_reproducer
 
     written_back = load_reproducer(written[0])
     record = {**written_back.engine_rules(), **written_back.evidence}

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from specaudit.cli import main
-from specaudit.compat import call_model
-from specaudit.diagnosis import diagnose
-from specaudit.errors import UsageError
+from specaudit.adapters.overhead import measure_overhead
+from specaudit.adapters.realmodel import OnDevice, RealRun, audit_batch, make_sampler, real_case, run_real
+from specaudit.artifacts.transplant import map_prompts, observed_rounds, round_shape, transplant
+from specaudit.checks.diagnosis import diagnose
+from specaudit.commands.cli import main
+from specaudit.contracts.errors import UsageError
 from specaudit.fixtures.tiny import build_tiny
-from specaudit.loading import RealModelError, load_pair, read_prompts, save_tiny_pair, special_ids, tokenize
-from specaudit.overhead import measure_overhead
-from specaudit.realmodel import OnDevice, RealRun, audit_batch, make_sampler, real_case, run_real
-from specaudit.runner import run_case
-from specaudit.transplant import map_prompts, observed_rounds, round_shape, transplant
+from specaudit.models.compat import call_model
+from specaudit.models.loading import RealModelError, load_pair, read_prompts, save_tiny_pair, special_ids, tokenize
+from specaudit.running.runner import run_case
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 PLANTED = "specaudit.reference.mutants:rejected_kv_attended"
@@ -140,7 +140,7 @@ def test_audit_fails_planted_bug_and_writes_reproducers(pair_dirs, prompts_file,
     assert len(report) == 2 and not report[0]["diagnosis"]["passed"] and report[0]["reproducers"]
     checks = report[0]["checks"]
     assert checks["token-preservation"] == "not applicable" and checks[report[0]["diagnosis"]["first_check"]] == "fail"
-    from specaudit.case import Case
+    from specaudit.contracts.case import Case
 
     moved = Case.load(next((tmp_path / "repro").glob("transplant_*batch0.json")))
     assert moved.model == "transparent" and not diagnose(run_case(PLANTED, moved)).passed

@@ -19,10 +19,8 @@ import pytest
 import torch
 
 import specaudit.properties
-from specaudit.case import Case
-from specaudit.diagnosis import diagnose
-from specaudit.reference.mutants import BonusFromDraft
-from specaudit.registry import (
+from specaudit.checks.diagnosis import diagnose
+from specaudit.checks.registry import (
     BATCH_ORDER,
     CHECK_ORDER,
     CHECKS,
@@ -37,8 +35,10 @@ from specaudit.registry import (
     judge,
     markdown_table,
 )
-from specaudit.runner import run_case
-from specaudit.violation import Violation
+from specaudit.contracts.case import Case
+from specaudit.contracts.violation import Violation
+from specaudit.reference.mutants import BonusFromDraft
+from specaudit.running.runner import run_case
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCEPT, REJECT = (True,) * 40, (False,) * 40
@@ -260,9 +260,9 @@ def test_single_row_rerun_uses_the_given_factory() -> None:
 def test_a_check_that_cannot_read_a_run_reports_it_instead_of_raising(monkeypatch: pytest.MonkeyPatch) -> None:
     """A check raising on a degenerate run is reported as not applicable, with the reason, never
     raised out of `evaluate` (the audit and the suite give a verdict, not a traceback)."""
-    from specaudit import registry
-    from specaudit.case import Case
-    from specaudit.runner import run_case
+    from specaudit.checks import registry
+    from specaudit.contracts.case import Case
+    from specaudit.running.runner import run_case
 
     def crash(run: object) -> list:
         raise IndexError("argmax(): Expected reduction dim 2 to have non-zero size")

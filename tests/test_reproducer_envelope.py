@@ -1,4 +1,4 @@
-"""One reproducer envelope, one loader, one replay (`specaudit.reproducer`).
+"""One reproducer envelope, one loader, one replay (`specaudit.artifacts.reproducer`).
 
 Files of the four formats written before the envelope (tests/data/legacy_reproducers, written
 at 288abca, see its README) load and replay with the failure they recorded; every writer's file
@@ -13,10 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.cli import main
-from specaudit.errors import UsageError
-from specaudit.replay import replay
-from specaudit.reproducer import (
+from specaudit.artifacts.reproducer import (
     KINDS,
     Reproducer,
     blackbox_reproducer,
@@ -29,7 +26,10 @@ from specaudit.reproducer import (
     write_failure,
     write_real_failure,
 )
-from specaudit.violation import Violation
+from specaudit.commands.cli import main
+from specaudit.commands.replay import replay
+from specaudit.contracts.errors import UsageError
+from specaudit.contracts.violation import Violation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -48,7 +48,7 @@ LEGACY_FILES = {
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The tiny Llama pair on disk: seeded, so the same weights the real-model file was written on."""
-    from specaudit.loading import save_tiny_pair
+    from specaudit.models.loading import save_tiny_pair
 
     return save_tiny_pair(tmp_path_factory.mktemp("tiny-llama"))
 

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from specaudit.case import Case
+from specaudit.checks.diagnosis import diagnose
 from specaudit.checks.i2 import row_views
 from specaudit.checks.rows import Observation, RowFollower, RowView
-from specaudit.diagnosis import diagnose
-from specaudit.runner import Run, run_case
+from specaudit.contracts.case import Case
+from specaudit.running.runner import Run, run_case
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

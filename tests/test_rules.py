@@ -1,4 +1,4 @@
-"""`specaudit.rules`, the torch-free table a known-failures file is validated against, names every
+"""`specaudit.contracts.rules`, the torch-free table a known-failures file is validated against, names every
 rule a check can emit: a rule missing there would make a correct entry a usage error.
 
 The rules come from two places: the contract rule tables (`RULES` dicts) and the string literals
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import specaudit
 from specaudit.adapters.engine_blackbox import RULES as BLACKBOX_RULES
-from specaudit.contract import RULES as CONTRACT_RULES
-from specaudit.engine import ENGINE_RULES
-from specaudit.registry import CHECK_ORDER
-from specaudit.rules import CHECK_NAMES, CHECK_RULES
+from specaudit.checks.registry import CHECK_ORDER
+from specaudit.contracts.decoder import RULES as CONTRACT_RULES
+from specaudit.contracts.engine import ENGINE_RULES
+from specaudit.contracts.rules import CHECK_NAMES, CHECK_RULES
 
 HARNESS = Path(specaudit.__file__).parent
 EMITTERS = {"Fault": "I2", "ContractError": "contract", "engine_error": "contract", "contract_violation": "contract"}
@@ -84,7 +84,7 @@ def test_every_contract_rule_table_is_listed() -> None:
 
 def test_every_rule_a_check_module_emits_is_listed() -> None:
     missing = [f"{where}: {check} {rule}" for check, rule, where in emitted() if rule not in CHECK_RULES.get(check, ())]
-    assert not missing, "rules emitted but missing from specaudit.rules.CHECK_RULES:\n" + "\n".join(missing)
+    assert not missing, "rules emitted but missing from specaudit.contracts.rules.CHECK_RULES:\n" + "\n".join(missing)
 
 
 def test_every_listed_rule_is_emitted_somewhere() -> None:

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from specaudit.case import Case
-from specaudit.diagnosis import diagnose
+from specaudit.checks.diagnosis import diagnose
+from specaudit.checks.registry import FAIL, NOT_APPLICABLE, PASS, check_named, evaluate, judge
+from specaudit.checks.scheduling import check_liveness, check_order_independence, permuted, rotation
+from specaudit.contracts.case import Case
 from specaudit.reference.eqspec import EqSpec
 from specaudit.reference.exspec import ExSpec, Sequence
-from specaudit.registry import FAIL, NOT_APPLICABLE, PASS, check_named, evaluate, judge
-from specaudit.runner import Run, run_case
-from specaudit.scheduling import check_liveness, check_order_independence, permuted, rotation
-from specaudit.search import search
+from specaudit.running.runner import Run, run_case
+from specaudit.search.driver import search
 
 ALL_ACCEPT = tuple([True] * 40)
 ALL_REJECT = tuple([False] * 40)

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-import specaudit.search as search_module
-from specaudit.diagnosis import diagnose
-from specaudit.runner import run_case
+import specaudit.search.driver as search_module
+from specaudit.checks.diagnosis import diagnose
+from specaudit.running.runner import run_case
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from specaudit.case import Case
-from specaudit.determinism import without_local_constants
-from specaudit.runner import _continuation, evict_models
-from specaudit.search import search
-from specaudit.strategies import (
+from specaudit.contracts.case import Case
+from specaudit.running.runner import _continuation, evict_models
+from specaudit.search.determinism import without_local_constants
+from specaudit.search.driver import search
+from specaudit.search.strategies import (
     EXACT_BOUNDS,
     REAL_BOUNDS,
     cases,

@@ -23,10 +23,10 @@ from dataclasses import replace
 
 import pytest
 
-from specaudit.case import Case
 from specaudit.checks import check_i2
-from specaudit.registry import all_violations
-from specaudit.runner import Run, run_case
+from specaudit.checks.registry import all_violations
+from specaudit.contracts.case import Case
+from specaudit.running.runner import Run, run_case
 from tests.decoders.swap_after_removal import SwapAfterRemoval
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -11,9 +11,9 @@ import pytest
 import torch
 import transformers
 
-from specaudit.compat import cache_length, call_model
 from specaudit.fixtures import VOCAB_SIZE, tiny
 from specaudit.fixtures.tiny import ARCHS, build_tiny
+from specaudit.models.compat import cache_length, call_model
 
 ATOL = 1e-9
 PROMPT_LENGTHS = (5, 2, 7)  # left padding: rows 0 and 1 are padded, row 2 is not
@@ -275,7 +275,7 @@ def test_position_gap_needs_position_ids(arch: str) -> None:
 
 def _layer_kv(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> list:
     """Per layer (K, V) [B, H, T, D] after a prefill of `ids` at `positions`."""
-    from specaudit.compat import cache_layers
+    from specaudit.models.compat import cache_layers
 
     with torch.no_grad():
         _, cache = call_model(model, ids, mask, positions, transformers.DynamicCache())
@@ -287,7 +287,7 @@ def test_bfloat16_kv_past_position_256_is_within_tolerance_and_rounded_positions
     """What I2 relies on for long bfloat16 rows: a padded batch's K/V match batch size 1 within
     KV_TOLERANCE past position 256, and positions rounded to bfloat16 (the planted bug
     positions_in_model_dtype) break that tolerance there, but not below 256."""
-    from specaudit.fixtures.pairs import KV_TOLERANCE
+    from specaudit.numerics.tolerance import KV_TOLERANCE
 
     rtol, atol = KV_TOLERANCE[torch.bfloat16]
     model = build_tiny(arch, dtype=torch.bfloat16)

@@ -8,7 +8,6 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import cache_layers, call_model
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.fixtures.transparent import (
     RequestScript,
@@ -19,6 +18,7 @@ from specaudit.fixtures.transparent import (
     scripted_draft,
     transparent_target,
 )
+from specaudit.models.compat import cache_layers, call_model
 from specaudit.reference.oracle import greedy_oracle
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((3, 1, 4, 1, 5), (9, 2), (7,), (100, 101, 102))

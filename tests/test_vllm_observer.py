@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 
 from specaudit.adapters.vllm_observer import PagedCall, PagedTrace
 from specaudit.checks.paged import RULES, check_paged
-from specaudit.pretrained import cache_dir
-from specaudit.rules import CHECK_RULES
+from specaudit.contracts.rules import CHECK_RULES
+from specaudit.models.pretrained import cache_dir
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (run under .venv-vllm/bin/pytest)")
@@ -177,7 +177,7 @@ def edited(tensor: torch.Tensor, index: int | tuple[int, int], delta: int) -> to
 
 
 def test_rules_are_listed_in_the_rules_table() -> None:
-    """Every rule the paged check can emit is named in `specaudit.rules`."""
+    """Every rule the paged check can emit is named in `specaudit.contracts.rules`."""
     assert set(RULES) == CHECK_RULES["paged"]
 
 
@@ -468,7 +468,7 @@ def test_planted_vllm_bug_is_caught_with_its_rule(
 def test_a_vllm_paged_reproducer_replays(tmp_path: Path) -> None:
     """`specaudit replay FILE` on a vLLM white-box reproducer runs its workload through vLLM in
     process again (a fresh process: vLLM cannot build a third engine in this one)."""
-    from specaudit.reproducer import paged_reproducer, save
+    from specaudit.artifacts.reproducer import paged_reproducer, save
 
     model = tiny_llama(tmp_path / "target", layers=2, seed=0)
     workload = {"new_tokens": 12, "prompts": {"a": [5, 6, 7, 5, 6, 7], "b": [9, 9, 9]}, "arrivals": {"a": 0, "b": 2},

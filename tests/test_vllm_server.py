@@ -32,8 +32,8 @@ from specaudit.adapters.vllm_server import (
     speculative_config,
     write_reports,
 )
-from specaudit.errors import UsageError
-from specaudit.settings import VllmAuditSettings
+from specaudit.config.settings import VllmAuditSettings
+from specaudit.contracts.errors import UsageError
 
 DATA = Path(__file__).parent / "data"
 
@@ -248,7 +248,7 @@ def test_server_stopped_on_sigterm(tmp_path: Path) -> None:
 
 
 def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from specaudit.cli import main
+    from specaudit.commands.cli import main
 
     assert main(["audit-vllm", "--vllm-python", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

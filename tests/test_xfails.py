@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.cli import main
-from specaudit.errors import UsageError
-from specaudit.xfails import KnownFailures, load_xfails
+from specaudit.commands.cli import main
+from specaudit.config.xfails import KnownFailures, load_xfails
+from specaudit.contracts.errors import UsageError
 
 WRONG = "tests.decoders.wrong_token:WrongLastToken"  # fails equivalence, and only it, on every case
 WRONG_TOO = "tests.decoders.wrong_token:WrongLastTokenToo"
@@ -86,7 +86,8 @@ def test_validation_stays_torch_free(tmp_path: Path) -> None:
     """The CLI and the plugin validate a file before anything heavy is imported."""
     path = write(tmp_path, "* * I-2 *")
     code = (
-        "import sys\nfrom specaudit.errors import UsageError\nfrom specaudit.xfails import load_xfails\n"
+        "import sys\nfrom specaudit.contracts.errors import UsageError\n"
+        "from specaudit.config.xfails import load_xfails\n"
         f"try:\n    load_xfails({str(path)!r})\nexcept UsageError:\n    sys.exit('torch' in sys.modules)\n"
         "sys.exit(2)"
     )
@@ -168,10 +169,10 @@ def test_gate_lists_unused_entries_at_the_end(tmp_path: Path, capsys: pytest.Cap
 SUITE = """
 import pytest
 
-from specaudit.case import Case
-from specaudit.registry import all_violations
-from specaudit.reproducer import remember_failure
-from specaudit.runner import run_case
+from specaudit.contracts.case import Case
+from specaudit.checks.registry import all_violations
+from specaudit.artifacts.reproducer import remember_failure
+from specaudit.running.runner import run_case
 
 pytestmark = pytest.mark.specaudit
 CASE = Case(((3, 4, 5), (6, 7)), ("1101", "0110"), 2, 4, None, 0)

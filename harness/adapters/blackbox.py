@@ -24,14 +24,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from specaudit.case import Case
 from specaudit.checks import Equivalence, RowEquivalence, check_contract, check_equivalence, equivalence
-from specaudit.contract import ContractError, instantiate, load_decoder, validate_output
-from specaudit.fixtures.pairs import DTYPES
-from specaudit.instrument import Recording
+from specaudit.contracts.case import Case
+from specaudit.contracts.decoder import ContractError, instantiate, load_decoder, validate_output
+from specaudit.contracts.violation import Violation, render
+from specaudit.numerics.tolerance import DTYPES
 from specaudit.reference.oracle import OracleResult, answer_oracles
-from specaudit.runner import Run
-from specaudit.violation import Violation, render
+from specaudit.running.instrument import Recording
+from specaudit.running.runner import Run
 
 
 @runtime_checkable

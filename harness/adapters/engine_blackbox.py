@@ -20,7 +20,7 @@ Three ways in:
     (vLLM's `LLM.generate` behind a two-line wrapper) called repeatedly, one staggered batch after
     another in arrival order: batches of seeded sizes, so consecutive calls mix requests differently.
   - `audit_callable(engine, target, prompts)` with a step-wise engine object (`add_request`,
-    `step`, `has_unfinished`, see `specaudit.engine`): requests are added at seeded step indices
+    `step`, `has_unfinished`, see `specaudit.contracts.engine`): requests are added at seeded step indices
     and the engine is stepped, its calls held to the engine contract (`EngineBook`), its models
     never hooked.
 
@@ -30,7 +30,7 @@ of the engine's models, so there is no I1, no I2, no row identity, no token pres
 diagnosis of the cause; a pass is evidence that these schedules produced oracle outputs, not
 that the engine's cache and masks are right (a wrong row can still produce the right argmax).
 For engines whose models can be hooked, the step-wise engine contract and its state machine
-(`specaudit.engine_machine`) check all of that.
+(`specaudit.search.engine_machine`) check all of that.
 """
 
 from __future__ import annotations
@@ -54,17 +54,17 @@ import torch
 from hypothesis import strategies as st
 
 from specaudit.adapters.blackbox import dtype_name
-from specaudit.case import Case
 from specaudit.checks import RowEquivalence, check_equivalence, equivalence
-from specaudit.contract import ContractError, DecoderTimeout, resolve_spec, time_limit, validate_output
-from specaudit.engine import ENGINE_METHODS, EngineBook
-from specaudit.errors import UsageError
-from specaudit.instrument import Recording
-from specaudit.models import MODELS
+from specaudit.config.settings import BlackboxSettings
+from specaudit.contracts.builtins import MODELS
+from specaudit.contracts.case import Case
+from specaudit.contracts.decoder import ContractError, DecoderTimeout, resolve_spec, time_limit, validate_output
+from specaudit.contracts.engine import ENGINE_METHODS, EngineBook
+from specaudit.contracts.errors import UsageError
+from specaudit.contracts.violation import Violation
 from specaudit.reference.oracle import OracleResult, answer_oracles
-from specaudit.runner import Run
-from specaudit.settings import BlackboxSettings
-from specaudit.violation import Violation
+from specaudit.running.instrument import Recording
+from specaudit.running.runner import Run
 
 EVIDENCE = (
     "output level only: each request's tokens against the batch-size-1 greedy oracle; the engine's "
@@ -361,8 +361,8 @@ def load_target(target: torch.nn.Module | str | Path, dtype: str | None = None, 
         from specaudit.fixtures.pairs import target_model
 
         return target_model(str(target), dtype or "float64")
-    from specaudit.loading import load_model, resolve_device
-    from specaudit.pretrained import resolve
+    from specaudit.models.loading import load_model, resolve_device
+    from specaudit.models.pretrained import resolve
 
     return load_model("target", resolve(target), resolve_device(device), dtype or "auto")
 
@@ -838,7 +838,7 @@ def probe_server(url: str, timeout_s: float) -> None:
 
 def check_target(target: str) -> None:
     """A built-in name or a Hugging Face directory, checked before the slow work starts."""
-    from specaudit.pretrained import is_builtin
+    from specaudit.models.pretrained import is_builtin
 
     if target in MODELS or is_builtin(target):
         return
@@ -894,8 +894,8 @@ def vocab_bound(target: str, model: torch.nn.Module) -> int:
 def target_tokenizer(target: str) -> Any:
     if target in MODELS:
         return None
-    from specaudit.loading import load_tokenizer
-    from specaudit.pretrained import resolve
+    from specaudit.models.loading import load_tokenizer
+    from specaudit.models.pretrained import resolve
 
     try:
         return load_tokenizer(resolve(target, say=lambda _: None))
@@ -929,7 +929,7 @@ def token_id_lines(text: str) -> list[list[int]] | None:
 
 def file_prompts(path: Path, target: str) -> list[list[int]]:
     """Prompts from `--prompts`: token ids as they are, or text tokenized with the target directory's tokenizer."""
-    from specaudit.loading import read_prompts, tokenize
+    from specaudit.models.loading import read_prompts, tokenize
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -946,9 +946,9 @@ def file_prompts(path: Path, target: str) -> list[list[int]]:
 
 
 def read_reproducer(path: Path) -> dict[str, Any]:
-    """A black-box reproducer's plan (`specaudit.reproducer.load_reproducer`: the envelope, or the
+    """A black-box reproducer's plan (`specaudit.artifacts.reproducer.load_reproducer`: the envelope, or the
     file written before it), as `endpoints` and `replayed_plan` read it."""
-    from specaudit.reproducer import load_reproducer
+    from specaudit.artifacts.reproducer import load_reproducer
 
     reproducer = load_reproducer(path)
     if reproducer.kind != "blackbox":
@@ -1067,7 +1067,7 @@ def replay_plan(
 
 def blackbox_result(settings: BlackboxSettings, data: dict[str, Any] | None) -> EngineAuditResult:
     """The run of `run_blackbox` (a reproducer's plan `data`, else a fresh one), its files written."""
-    from specaudit.reproducer import blackbox_reproducer
+    from specaudit.artifacts.reproducer import blackbox_reproducer
 
     say = (lambda _: None) if settings.quiet else status_line
     transport, where, target = endpoints(settings, data)

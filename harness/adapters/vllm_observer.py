@@ -1,7 +1,7 @@
 """A white-box observer for vLLM run in process: every target forward's paged layout, recorded.
 
 vLLM packs the running requests' tokens into one flat batch and keeps K/V in fixed-size
-blocks, so the batch-row evidence of `specaudit.instrument` does not exist there. What does:
+blocks, so the batch-row evidence of `specaudit.running.instrument` does not exist there. What does:
 the attention metadata of each forward (`query_start_loc`, `seq_lens`, `slot_mapping`,
 `block_table`), the packed `input_ids` and `positions`, the model runner's request ids in
 batch order, and what the engine reports each request has committed after each step. This

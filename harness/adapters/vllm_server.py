@@ -37,9 +37,9 @@ from types import FrameType
 from typing import Any
 
 from specaudit.adapters.vllm_observer import NGRAM
-from specaudit.errors import UsageError
-from specaudit.settings import VLLM_CONFIGURATIONS, VLLM_MODEL_NAMES, VllmAuditSettings
-from specaudit.violation import Violation
+from specaudit.config.settings import VLLM_CONFIGURATIONS, VLLM_MODEL_NAMES, VllmAuditSettings
+from specaudit.contracts.errors import UsageError
+from specaudit.contracts.violation import Violation
 
 HOST = "127.0.0.1"
 SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
@@ -64,7 +64,7 @@ class ServerError(Exception):
 
 
 # ---------------------------------------------------------------------------------------
-# Served models: the tiny Llama (built here, nothing downloaded) and SmolLM2 (specaudit.pretrained)
+# Served models: the tiny Llama (built here, nothing downloaded) and SmolLM2 (specaudit.models.pretrained)
 
 TINY = {"vocab": 512, "hidden": 128, "heads": 2, "kv_heads": 1, "ffn": 256, "layers": 2, "positions": 512}
 """head_dim 64: vLLM's CPU attention supports it, and GQA (2 heads over 1 KV head) is exercised."""
@@ -112,7 +112,7 @@ def tiny_llama(out: Path, seed: int = 0) -> None:
 
 def model_directories(name: str, root: Path, say: Callable[[str], None]) -> tuple[Path, Path]:
     """(target, draft) directories of a served model, built on first use."""
-    from specaudit.pretrained import built, layer_skip, resolve
+    from specaudit.models.pretrained import built, layer_skip, resolve
 
     def tell(text: str) -> None:  # pretrained's lines carry the prefix already
         say(text.removeprefix("specaudit: "))
@@ -413,7 +413,7 @@ def audit_configuration(
 ) -> Outcome:
     """Serve `target` with the configuration, audit it black-box, read /metrics around it; the server always stops."""
     from specaudit.adapters.engine_blackbox import run_blackbox
-    from specaudit.settings import BlackboxSettings
+    from specaudit.config.settings import BlackboxSettings
 
     spec = speculative_config(configuration, draft)
     port = free_port()
@@ -459,7 +459,7 @@ def run_audit_vllm(settings: VllmAuditSettings, say: Callable[[str], None] | Non
     """Every model x configuration in turn; write report.md and report.json; exit 0 only if all pass."""
     say = say or (lambda text: print(f"specaudit: {text}", file=sys.stderr, flush=True))
     version = check_python(settings.python)
-    from specaudit.pretrained import cache_dir
+    from specaudit.models.pretrained import cache_dir
 
     root = settings.cache or cache_dir() / "vllm"
     outcomes: list[Outcome] = []
@@ -528,7 +528,7 @@ def observe_in_process(model: str, draft: str | None, workload: dict[str, Any]) 
     with the vLLM venv's python (`VLLM_ENABLE_V1_MULTIPROCESSING=0` is set before vLLM is imported)."""
     from specaudit.adapters.vllm_observer import build_llm, hf_kv_reference, staggered
     from specaudit.checks.paged import check_paged
-    from specaudit.pretrained import resolve
+    from specaudit.models.pretrained import resolve
 
     path = str(resolve(model))
     spec = NGRAM
@@ -543,7 +543,7 @@ def observe_in_process(model: str, draft: str | None, workload: dict[str, Any]) 
 
 def write_paged_failure(directory: Path, run: PagedRun) -> Path:
     """`DIR/vllm-paged-<method>.json`: a reproducer `specaudit replay` runs again (with vLLM installed)."""
-    from specaudit.reproducer import paged_reproducer, save
+    from specaudit.artifacts.reproducer import paged_reproducer, save
 
     reproducer = paged_reproducer(run.subject, run.workload, run.violations)
     return save(directory, f"vllm-paged-{run.subject['speculative']}", reproducer)

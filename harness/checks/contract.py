@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from specaudit.runner import Run
-from specaudit.violation import Violation
+from specaudit.contracts.violation import Violation
+from specaudit.running.runner import Run
 
 
 def check_contract(run: Run) -> list[Violation]:

@@ -2,7 +2,7 @@
 
 Tie-aware: a divergence is a numerical tie when the two tokens are within the noise batched
 arithmetic can cause, and the comparison then re-syncs onto the decoder's token. On real
-models the noise is measured (`Run.noise`, a `specaudit.calibration.NoiseFloor`) and the
+models the noise is measured (`Run.noise`, a `specaudit.numerics.calibration.NoiseFloor`) and the
 two tokens' logits are compared in a higher-precision teacher-forced score of the shared
 prefix (`judge_divergence`); on the built-in models, whose measured noise is nil, the
 oracle's top-1/top-2 margin is held to the dtype's rounding tolerance.
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specaudit.calibration import Witness, judge_divergence
 from specaudit.checks.contract import check_contract
 from specaudit.checks.i2 import row_views
 from specaudit.checks.rows import RowView, common_prefix
-from specaudit.fixtures.pairs import DTYPES, TIE_TOLERANCE
+from specaudit.contracts.violation import Violation
+from specaudit.numerics.calibration import Witness, judge_divergence
+from specaudit.numerics.tolerance import DTYPES, TIE_TOLERANCE
 from specaudit.reference.oracle import greedy_oracle
-from specaudit.runner import Run
-from specaudit.violation import Violation
+from specaudit.running.runner import Run
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from specaudit.instrument import CallRecord
-from specaudit.runner import Run
-from specaudit.violation import Violation
+from specaudit.contracts.violation import Violation
+from specaudit.running.instrument import CallRecord
+from specaudit.running.runner import Run
 
 
 def implied_positions(call: CallRecord, batch: int, width: int) -> torch.Tensor:

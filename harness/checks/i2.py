@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from specaudit.checks.contract import check_contract
 from specaudit.checks.rows import Fault, RowView, follow_rows
-from specaudit.runner import Run
-from specaudit.violation import Violation
+from specaudit.contracts.violation import Violation
+from specaudit.running.runner import Run
 
 EVIDENCE = ("found_token", "found_position", "expected_token", "expected_position")
 

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specaudit.adapters.vllm_observer import PagedCall, PagedTrace
-from specaudit.rules import PAGED_RULES
-from specaudit.violation import Violation
+from specaudit.contracts.rules import PAGED_RULES
+from specaudit.contracts.violation import Violation
 
 CHECK = "paged"
 RULES = PAGED_RULES

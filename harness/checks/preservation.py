@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from specaudit.checks.contract import check_contract
 from specaudit.checks.i2 import row_views
 from specaudit.checks.rows import RowView
+from specaudit.contracts.violation import Violation
 from specaudit.fixtures.transparent import RequestScript, Script
-from specaudit.runner import Run
-from specaudit.violation import Violation
+from specaudit.running.runner import Run
 
 
 @dataclass(frozen=True)

@@ -46,11 +46,12 @@ from dataclasses import dataclass, replace
 import torch
 
 from specaudit.checks.i1 import implied_positions
-from specaudit.fixtures.pairs import DTYPES, KV_TOLERANCE, is_exact
+from specaudit.fixtures.pairs import is_exact
 from specaudit.fixtures.transparent import fit_mask, read_slots
-from specaudit.instrument import CallRecord
+from specaudit.numerics.tolerance import DTYPES, KV_TOLERANCE
 from specaudit.reference.oracle import kv_rows, reference_kv
-from specaudit.runner import Run
+from specaudit.running.instrument import CallRecord
+from specaudit.running.runner import Run
 
 UNKNOWN = -1  # a token or position the call does not show (a real model's past; beyond a row's stream)
 NO_TOKEN = -2  # beyond a request's sequence

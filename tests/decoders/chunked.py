@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import cache_from_tensors, cache_keyword, cache_layers, output_cache
+from specaudit.models.compat import cache_from_tensors, cache_keyword, cache_layers, output_cache
 
 
 @dataclass

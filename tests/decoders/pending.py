@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import cache_from_tensors, cache_layers
+from specaudit.models.compat import cache_from_tensors, cache_layers
 from tests.decoders.chunked import Batch, advance, forward, propose
 
 

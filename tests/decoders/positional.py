@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import cache_keyword, output_cache, select_rows
+from specaudit.models.compat import cache_keyword, output_cache, select_rows
 
 CACHE_NAMES = ("cache", "past_key_values")
 

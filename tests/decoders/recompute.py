@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from specaudit.compat import cache_keyword
+from specaudit.models.compat import cache_keyword
 
 
 def left_pad(sequences: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

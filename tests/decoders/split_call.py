@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from specaudit.compat import cache_keyword
+from specaudit.models.compat import cache_keyword
 from tests.decoders.positional import MaskedSpec
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from specaudit.compat import cache_layers, set_cache_layers
+from specaudit.models.compat import cache_layers, set_cache_layers
 from specaudit.reference.eqspec import BatchState, EqSpec
 
 

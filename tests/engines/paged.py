@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import cache_from_tensors, cache_layers, call_model
+from specaudit.models.compat import cache_from_tensors, cache_layers, call_model
 from tests.engines.ledger import Ledger, LedgerEngine, Req, device_of, greedy_accept
 
 

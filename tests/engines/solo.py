@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from specaudit.compat import cache_from_tensors, call_model, filled_layers
+from specaudit.models.compat import cache_from_tensors, call_model, filled_layers
 from tests.engines.ledger import Ledger, LedgerEngine, Req, device_of, greedy_accept
 
 

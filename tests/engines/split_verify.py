@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from specaudit.compat import call_model
+from specaudit.models.compat import call_model
 from specaudit.reference.engines import EqSpecEngine
 from specaudit.reference.eqspec import BatchState
 

@@ -1,0 +1,531 @@
+"""Every failure leaves a reproducer on disk: the one writer, loader and replayer of reproducers.
+
+A reproducer `DIR/<name>.json` is one envelope for every kind of failure:
+
+    {"format": "specaudit-reproducer", "version": 2, "kind": KIND,
+     "subject": what was under test, "payload": what to run again, "evidence": what it gave}
+
+| kind | subject | payload |
+|---|---|---|
+| decoder-case | decoder | the case (`Case.to_json`) on a built-in model |
+| real-model | decoder, target and draft directories, device, dtype | the case (model "external:...") |
+| engine-ops | engine, built-in model | K, EOS, pad and the rules ("ops") of the engine state machine |
+| blackbox | transport, server or engine, target, served model, dtype | seed, spread, batch cut, EOS, requests |
+
+`load_reproducer` reads the envelope and upgrades the four formats written before it (a
+versioned case file, an engine file with "ops", a `"kind": "specaudit-blackbox"` file, a case
+on `external:` models); `replay` runs any kind again (`specaudit replay FILE`). With a decoder
+case or an engine's rules, `DIR/test_regression_<name>.py` embeds the payload in a
+self-contained pytest file. The audit, the gate, `specaudit minimize`, real-model mode, the
+black box and the pytest plugin all write through here. A failing property notes its record on
+its own pytest item (`remember_failure`, `remember_engine_failure`), where the plugin finds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pprint
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specaudit.checks.diagnosis import Diagnosis
+from specaudit.contracts.builtins import MODELS, check_model
+from specaudit.contracts.case import CASE_FORMAT, ENVELOPE_FORMAT, Case, CaseFormatError
+from specaudit.contracts.errors import UsageError
+from specaudit.contracts.item import FAILURE
+from specaudit.contracts.violation import Violation, render
+from specaudit.running.runner import Run
+
+EVIDENCE_LIMIT = 20
+"""Violations kept in a reproducer: the first ones name the bug; the rest repeat it."""
+
+
+def failure_record(case: Case, decoder: str, violations: list[Violation] | tuple[Violation, ...]) -> dict[str, Any]:
+    """What a reproducer holds: the case's JSON form, the decoder and the first violations."""
+    return {"case": case.to_json(), "decoder": decoder, "evidence": [asdict(v) for v in violations[:EVIDENCE_LIMIT]]}
+
+
+def note_on_item(node: Any, record: dict[str, Any]) -> None:
+    """Keep `record` on the pytest item (`request.node`), replacing any earlier one: Hypothesis
+    replays the minimal example last, so the record a failed test ends with is its shrunk
+    counterexample. On the item, not in a global, so no test can pick up another's failure."""
+    node.stash[FAILURE] = record
+
+
+def remember_failure(run: Run, violations: list[Violation], node: Any = None) -> None:
+    """Note a failing run on its pytest item for the plugin (--specaudit-out, --specaudit-xfails).
+    Without `node` (regression tests written before failures travelled on the item) nothing is
+    noted: the test still fails, only no reproducer is written."""
+    if node is not None:
+        note_on_item(node, failure_record(run.case, run.decoder, violations))
+
+
+def remember_engine_failure(reproducer: dict[str, Any], violations: list[Violation], node: Any) -> None:
+    """Note a failing engine rule sequence on its pytest item, as the engine reproducer
+    `specaudit replay FILE --engine X` reads (`engine_failure_record`)."""
+    note_on_item(node, engine_failure_record(reproducer, violations))
+
+
+IDENTIFIER_LIMIT = 100
+
+
+def identifier(text: str) -> str:
+    """`text` as a file-name and Python-identifier fragment: runs of other characters become one `_`.
+    A longer one is cut with a hash of the whole text appended, so two long names that share a
+    start (two engines of one module) do not overwrite each other's reproducer."""
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
+    if len(name) > IDENTIFIER_LIMIT:
+        name = f"{name[: IDENTIFIER_LIMIT - 9]}_{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return name or "case"
+
+
+def write_reproducer(directory: Path, name: str, failure: dict[str, Any]) -> Path:
+    """`DIR/<name>.json` from a `failure_record`: a decoder-case reproducer (real-model when the
+    case runs on `external:` models)."""
+    return save(directory, name, decoder_reproducer(failure))
+
+
+_TEMPLATE = '''"""Regression test written by specaudit: a minimized failing case, embedded.
+
+Run it against a decoder with `pytest THIS_FILE --specaudit-decoder MODULE:ATTR`; without it the
+specaudit plugin runs it against the reference decoders, which pass it.
+"""
+
+# Failed by:     {decoder}
+# Failure class: first check {first_check}, signature {signature}
+# Minimized:     {summary}
+# Evidence when written:
+{evidence}
+
+from __future__ import annotations
+
+import pytest
+
+from specaudit.contracts.case import Case
+from specaudit.checks.registry import all_violations
+from specaudit.artifacts.reproducer import remember_failure
+from specaudit.contracts.violation import explain
+from specaudit.running.runner import run_case
+
+pytestmark = pytest.mark.specaudit
+
+CASE = {case}
+
+
+def test_regression_{name}(specaudit_decoder: str, request: pytest.FixtureRequest) -> None:
+    """The minimized case passes every check of the registry (specaudit.checks.registry.CHECKS)."""
+    case = Case.from_json(CASE)
+    run = run_case(specaudit_decoder, case)
+    violations = all_violations(run)
+    if violations:
+        remember_failure(run, violations, request.node)  # the plugin writes it to --specaudit-out
+    assert violations == [], explain(run, violations)
+'''
+
+
+def _comment(text: str) -> str:
+    return "\n".join(f"#   {line}" for line in text.splitlines()) or "#   (none)"
+
+
+def regression_test_source(diagnosis: Diagnosis, name: str, summary: str = "") -> str:
+    """A ready pytest file: `CASE` holds the case's JSON form as a Python literal; every
+    free-text part (decoder, evidence) sits in comments, so any text is safe to embed."""
+    return _TEMPLATE.format(
+        decoder=diagnosis.decoder.replace("\n", " "),
+        first_check=diagnosis.first_check,
+        signature=diagnosis.signature,
+        summary=summary.replace("\n", " ") or "-",
+        evidence=_comment(render(list(diagnosis.violations))),
+        case=pprint.pformat(diagnosis.case.to_json(), indent=1, width=100, sort_dicts=False),
+        name=identifier(name),
+    )
+
+
+def write_failure(
+    directory: Path, name: str, diagnosis: Diagnosis, summary: str = "", *, test: bool = True
+) -> list[Path]:
+    """The reproducer `DIR/<name>.json` and, with `test` (cases on the built-in models only),
+    the regression test `DIR/test_regression_<name>.py`; returns the paths written."""
+    name = identifier(name)
+    failure = failure_record(diagnosis.case, diagnosis.decoder, diagnosis.violations)
+    paths = [save(directory, name, decoder_reproducer(failure, diagnosis.signature))]
+    if test:
+        path = Path(directory) / f"test_regression_{name}.py"
+        path.write_text(regression_test_source(diagnosis, name, summary))
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------------------------------
+# Engine reproducers: a logged rule sequence of the engine state machine (a file with "ops")
+
+ENGINE_KEYS = ("engine", "num_draft_tokens", "eos_token_id", "pad_token_id", "ops")
+ENGINE_MODEL_DEFAULT = "transparent"
+"""The model of a reproducer without a "model" key (written before engines ran on tiny real models)."""
+ENGINE_OPS = {"add": ("id", "prompt", "max_new_tokens", "accept"), "step": (), "abort": ("id",), "drain": ()}
+"""Each rule of an engine reproducer and the fields it needs (`specaudit.search.engine_machine.replay`)."""
+
+
+def engine_failure_record(
+    reproducer: dict[str, Any], violations: list[Violation], signature: str | None = None
+) -> dict[str, Any]:
+    """What an engine reproducer file holds: the rules to replay, then the evidence they gave and,
+    where the writer diagnosed it, the signature (`specaudit.search.engine_machine.diagnose_engine`)."""
+    first = violations[0] if violations else None
+    return dict(
+        reproducer,
+        first_check=first.check if first else None,
+        rule=first.rule if first else None,
+        signature=signature,
+        evidence=[asdict(v) for v in violations[:EVIDENCE_LIMIT]],
+    )
+
+
+_ENGINE_TEMPLATE = '''"""Regression test written by specaudit: a minimized failing engine rule sequence, embedded.
+
+Run it with `pytest THIS_FILE`: it replays the rules against the engine that failed them
+(below), so it fails until that engine is fixed; `SPECAUDIT_ENGINE=MODULE:ATTR pytest THIS_FILE`
+runs it against another engine (the reference engines pass it).
+"""
+
+# Failed by:     {engine}
+# Failure class: first check {first_check}, rule {rule}
+# Minimized:     {summary}
+# Evidence when written:
+{evidence}
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from specaudit.search.engine_machine import replay
+from specaudit.artifacts.reproducer import remember_engine_failure
+from specaudit.contracts.violation import render
+
+pytestmark = pytest.mark.specaudit
+
+REPRODUCER = {reproducer}
+
+
+def test_regression_{name}(request: pytest.FixtureRequest) -> None:
+    """The engine passes every check of the engine state machine on these rules."""
+    engine = os.environ.get("SPECAUDIT_ENGINE") or REPRODUCER["engine"]
+    violations = replay(dict(REPRODUCER, engine=engine))
+    if violations:
+        remember_engine_failure(dict(REPRODUCER, engine=engine), violations, request.node)  # for --specaudit-out
+    assert violations == [], f"{{engine}} after {{len(REPRODUCER['ops'])}} rules:\\n{{render(violations)}}"
+'''
+
+
+def engine_regression_test_source(
+    reproducer: dict[str, Any], violations: list[Violation], name: str, summary: str = ""
+) -> str:
+    """A ready pytest file holding the rules as a Python literal; free text only in comments."""
+    first = violations[0] if violations else None
+    rules = {key: reproducer[key] for key in ENGINE_KEYS}
+    rules["model"] = reproducer.get("model", ENGINE_MODEL_DEFAULT)
+    return _ENGINE_TEMPLATE.format(
+        engine=str(reproducer["engine"]).replace("\n", " "),
+        first_check=first.check if first else "-",
+        rule=first.rule if first else "-",
+        summary=summary.replace("\n", " ") or "-",
+        evidence=_comment(render(violations)),
+        reproducer=pprint.pformat(rules, indent=1, width=100, sort_dicts=False),
+        name=identifier(name),
+    )
+
+
+def write_engine_reproducer(directory: Path, name: str, record: dict[str, Any]) -> Path:
+    """`DIR/<name>.json` from an `engine_failure_record`: an engine-ops reproducer."""
+    return save(directory, name, engine_reproducer(record))
+
+
+def write_engine_failure(
+    directory: Path,
+    name: str,
+    reproducer: dict[str, Any],
+    violations: list[Violation],
+    summary: str = "",
+    *,
+    test: bool = True,
+) -> list[Path]:
+    """`DIR/<name>.json` (replayable with `specaudit replay FILE --engine X`) and, with `test`,
+    `DIR/test_regression_<name>.py`; returns the paths written."""
+    name = identifier(name)
+    from specaudit.search.engine_machine import diagnose_engine  # not on the item: each shrink step would re-run it
+
+    signature = diagnose_engine(violations, reproducer).signature if violations else None
+    paths = [write_engine_reproducer(directory, name, engine_failure_record(reproducer, violations, signature))]
+    if test:
+        test_path = Path(directory) / f"test_regression_{name}.py"
+        test_path.write_text(engine_regression_test_source(reproducer, violations, name, summary))
+        paths.append(test_path)
+    return paths
+
+
+def replay_engine_rules(reproducer: dict[str, Any]) -> list[Violation]:
+    """`specaudit.search.engine_machine.replay`, with an engine that does not build ('engine-builds')
+    reported as its violation rather than raised."""
+    from specaudit.contracts.decoder import ContractError
+    from specaudit.search.engine_machine import replay as replay_rules
+
+    try:
+        return replay_rules(reproducer)
+    except ContractError as exc:
+        return [Violation("contract", exc.rule, exc.found, exc.expected, evidence=exc.evidence)]
+
+
+# ---------------------------------------------------------------------------------------
+# The envelope: one reproducer of any kind, written, loaded and upgraded here
+
+REPRODUCER_VERSION = 2
+KINDS = {
+    "decoder-case": "a decoder case",
+    "real-model": "a real-model case",
+    "engine-ops": "an engine reproducer",
+    "blackbox": "a black-box reproducer",
+    "vllm-paged": "a vLLM white-box reproducer",
+}
+"""Each kind of reproducer, and how a message names it."""
+EXTERNAL = "external:"
+"""The model prefix of a case on real models (`specaudit.adapters.realmodel.real_case`)."""
+LEGACY_BLACKBOX = "specaudit-blackbox"
+"""The `kind` of a black-box reproducer written before the envelope."""
+ENGINE_PAYLOAD = ("num_draft_tokens", "eos_token_id", "pad_token_id", "ops")
+BLACKBOX_SUBJECT = ("transport", "server", "engine", "target", "served_model", "dtype")
+BLACKBOX_PAYLOAD = ("seed", "spread", "eos_token_id", "max_batch", "requests")
+PAGED_PAYLOAD = ("new_tokens", "prompts", "arrivals", "aborts")
+
+
+@dataclass(frozen=True)
+class Reproducer:
+    """One reproducer: what was under test (`subject`), what to run again (`payload`) and what it
+    gave (`evidence`). `source` is the file it was read from, `legacy` the pre-envelope format it
+    was upgraded from (None: an envelope), both for messages only."""
+
+    kind: str
+    subject: dict[str, Any]
+    payload: dict[str, Any]
+    evidence: dict[str, Any] = field(default_factory=dict)
+    source: Path | None = None
+    legacy: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": ENVELOPE_FORMAT,
+            "version": REPRODUCER_VERSION,
+            "kind": self.kind,
+            "subject": self.subject,
+            "payload": self.payload,
+            "evidence": self.evidence,
+        }
+
+    @property
+    def where(self) -> str:
+        return str(self.source) if self.source is not None else "the reproducer"
+
+    @property
+    def case(self) -> Case:
+        """The case of a decoder or real-model reproducer; UsageError naming the file otherwise."""
+        try:
+            return Case.from_json(self.payload.get("case"))
+        except CaseFormatError as exc:
+            raise UsageError(f"{self.where}: {exc}") from None
+
+    def engine_rules(self, engine: str | None = None) -> dict[str, Any]:
+        """An engine-ops reproducer as `specaudit.search.engine_machine.replay` takes it (`engine` replaces its own)."""
+        model = self.subject.get("model") or ENGINE_MODEL_DEFAULT
+        return {"engine": engine or self.subject.get("engine"), **self.payload, "model": model}
+
+    def plan_document(self) -> dict[str, Any]:
+        """A black-box reproducer as `specaudit.adapters.engine_blackbox.replayed_plan` takes it."""
+        return {"kind": LEGACY_BLACKBOX, **self.subject, **self.payload, "outcome": self.evidence.get("outcome")}
+
+
+def save(directory: Path, name: str, reproducer: Reproducer) -> Path:
+    """`DIR/<name>.json`, the envelope; returns the path."""
+    path = Path(directory) / f"{identifier(name)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(reproducer.to_json(), indent=1) + "\n")
+    return path
+
+
+def violations_evidence(violations: list[dict[str, Any]], signature: str | None = None) -> dict[str, Any]:
+    """The evidence part: the first check and rule (the failure class), the diagnosis's signature
+    where there is one, and the first violations (as `asdict(Violation)`)."""
+    first = violations[0] if violations else {}
+    evidence = {"first_check": first.get("check"), "rule": first.get("rule")}
+    if signature is not None:
+        evidence["signature"] = signature
+    return evidence | {"violations": list(violations[:EVIDENCE_LIMIT])}
+
+
+def decoder_reproducer(failure: dict[str, Any], signature: str | None = None) -> Reproducer:
+    """A `failure_record` as a decoder-case reproducer, or a real-model one when its case runs on
+    `external:` models (then only the target is known: the directory its label names)."""
+    case, evidence = failure["case"], violations_evidence(failure["evidence"], signature)
+    target = str(case.get("model", {}).get("target", ""))
+    if target.startswith(EXTERNAL):
+        subject = {"decoder": failure["decoder"], "target": target[len(EXTERNAL) :], "draft": None, "device": None}
+        return Reproducer("real-model", subject | {"dtype": case["model"].get("dtype")}, {"case": case}, evidence)
+    return Reproducer("decoder-case", {"decoder": failure["decoder"]}, {"case": case}, evidence)
+
+
+def write_real_failure(directory: Path, name: str, diagnosis: Diagnosis, *, target: Path, draft: Path,
+                       device: str) -> Path:  # fmt: skip
+    """`DIR/<name>.json`: a real-model reproducer naming both model directories, so that
+    `specaudit replay FILE` loads them again (no regression test: it needs the real models)."""
+    failure = failure_record(diagnosis.case, diagnosis.decoder, diagnosis.violations)
+    subject = {"decoder": diagnosis.decoder, "target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()),
+               "device": device, "dtype": diagnosis.case.dtype}  # fmt: skip
+    evidence = violations_evidence(failure["evidence"], diagnosis.signature)
+    return save(directory, name, Reproducer("real-model", subject, {"case": failure["case"]}, evidence))
+
+
+def engine_reproducer(record: dict[str, Any]) -> Reproducer:
+    """An `engine_failure_record` (or the rules alone) as an engine-ops reproducer."""
+    subject = {"engine": record.get("engine"), "model": record.get("model", ENGINE_MODEL_DEFAULT)}
+    payload = {key: record[key] for key in ENGINE_PAYLOAD if key in record}
+    evidence = {"first_check": record.get("first_check"), "rule": record.get("rule")}
+    if record.get("signature") is not None:
+        evidence["signature"] = record["signature"]
+    return Reproducer("engine-ops", subject, payload, evidence | {"violations": record.get("evidence") or []})
+
+
+def blackbox_reproducer(plan: dict[str, Any], outcome: dict[str, Any] | None = None) -> Reproducer:
+    """A black-box plan (`Plan.to_json`, or a reproducer written before the envelope) and, after
+    the run, its outcome."""
+    subject = {key: plan.get(key) for key in BLACKBOX_SUBJECT}
+    payload = {key: plan[key] for key in BLACKBOX_PAYLOAD if key in plan}
+    return Reproducer("blackbox", subject, payload, {} if outcome is None else {"outcome": outcome})
+
+
+def paged_reproducer(subject: dict[str, Any], payload: dict[str, Any], violations: list[Violation]) -> Reproducer:
+    """A vLLM white-box run: the models and speculative method (`subject`), the workload
+    (`payload`: tokens per request, prompts, arrival and abort steps) and the paged violations."""
+    return Reproducer("vllm-paged", subject, payload, violations_evidence([asdict(v) for v in violations]))
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read reproducer {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read reproducer {path}: not JSON ({exc})") from None
+
+
+def upgrade(data: dict[str, Any], path: Path) -> Reproducer:
+    """The envelope as it is, or one of the four formats written before it, told apart as they
+    were: a case file ("format": "specaudit-case"), an engine file (an "ops" key), a black-box
+    file ("kind": "specaudit-blackbox"); a case on `external:` models is a real-model one."""
+    if data.get("format") == ENVELOPE_FORMAT:
+        return from_envelope(data, path)
+    if data.get("format") == CASE_FORMAT:
+        case = {key: value for key, value in data.items() if key not in ("decoder", "evidence")}
+        failure = {"case": case, "decoder": data.get("decoder"), "evidence": data.get("evidence") or []}
+        found = decoder_reproducer(failure)
+        return Reproducer(found.kind, found.subject, found.payload, found.evidence, path, f"{CASE_FORMAT} 1")
+    if "ops" in data:
+        found = engine_reproducer(data)
+        return Reproducer(found.kind, found.subject, found.payload, found.evidence, path, "engine ops")
+    if data.get("kind") == LEGACY_BLACKBOX:
+        found = blackbox_reproducer(data, data.get("outcome"))
+        return Reproducer(found.kind, found.subject, found.payload, found.evidence, path, LEGACY_BLACKBOX)
+    raise UsageError(
+        f'{path} is not a specaudit reproducer: expected "format": "{ENVELOPE_FORMAT}" (or a case file, an engine '
+        f'file with "ops", or a "kind": "{LEGACY_BLACKBOX}" file)'
+    )
+
+
+def from_envelope(data: dict[str, Any], path: Path) -> Reproducer:
+    if data.get("version") != REPRODUCER_VERSION:
+        raise UsageError(f"{path}: reproducer version {data.get('version')!r} is not supported (this is "
+                         f"{REPRODUCER_VERSION})")  # fmt: skip
+    if data.get("kind") not in KINDS:
+        raise UsageError(f"{path}: reproducer kind {data.get('kind')!r} is none of {', '.join(KINDS)}")
+    parts = {part: data.get(part, {} if part == "evidence" else None) for part in ("subject", "payload", "evidence")}
+    wrong = [part for part, value in parts.items() if not isinstance(value, dict)]
+    if wrong:
+        raise UsageError(f"{path}: the reproducer's {' and '.join(wrong)} must be a JSON object, each")
+    return Reproducer(data["kind"], parts["subject"], parts["payload"], parts["evidence"], path)
+
+
+def validate(reproducer: Reproducer) -> Reproducer:
+    """The reproducer, if its payload can be run; else a UsageError saying what is wrong where."""
+    if reproducer.kind in ("decoder-case", "real-model"):
+        reproducer.case  # noqa: B018 (parsed for its errors)
+    elif reproducer.kind == "engine-ops":
+        check_engine_rules(reproducer.engine_rules(), reproducer.where)
+    elif reproducer.kind == "vllm-paged":
+        missing = [key for key in (*PAGED_PAYLOAD, "model") if key not in {**reproducer.payload, **reproducer.subject}]
+        if missing:
+            raise UsageError(f"{reproducer.where}: vLLM white-box reproducer lacks {', '.join(missing)}")
+    elif not isinstance(reproducer.payload.get("requests"), list):
+        raise UsageError(f"{reproducer.where}: black-box reproducer has no list of requests")
+    return reproducer
+
+
+def check_engine_rules(rules: dict[str, Any], where: str) -> None:
+    """Every field the engine state machine needs, and every rule one it knows."""
+    missing = [key for key in ENGINE_KEYS if key not in rules or (key == "engine" and rules[key] is None)]
+    if missing:
+        raise UsageError(f"{where}: engine reproducer lacks {', '.join(missing)}")
+    if not isinstance(rules["ops"], list):
+        raise UsageError(f"{where}: 'ops' must be a list of rules")
+    if rules["model"] not in MODELS:
+        raise UsageError(f"{where}: model {rules['model']!r} is not a built-in model ({', '.join(MODELS)})")
+    for i, op in enumerate(rules["ops"]):
+        kind = op.get("op") if isinstance(op, dict) else None
+        if kind not in ENGINE_OPS:
+            raise UsageError(f"{where}: rule {i} is {op!r}; rules are {', '.join(ENGINE_OPS)}")
+        lacking = [key for key in ENGINE_OPS[kind] if key not in op]
+        if lacking:
+            raise UsageError(f"{where}: rule {i} ({kind}) lacks {', '.join(lacking)}")
+
+
+def load_reproducer(path: Path, *, check: bool = True) -> Reproducer:
+    """Any reproducer file, the envelope or a legacy one upgraded; with `check`, its payload
+    checked too (`validate`). Every problem is a UsageError that names the file."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is not a specaudit reproducer: a JSON object is expected, not {type(data).__name__}")
+    reproducer = upgrade(data, Path(path))
+    return validate(reproducer) if check else reproducer
+
+
+def load_case(path: Path) -> Case:
+    """The case of a decoder-case reproducer (or a plain case file) on the built-in models."""
+    reproducer = load_reproducer(path)
+    if reproducer.kind not in ("decoder-case", "real-model"):
+        raise UsageError(f"{path} is {KINDS[reproducer.kind]} (kind {reproducer.kind}), not a case file")
+    case = reproducer.case
+    try:
+        check_model(case.model, case.draft, case.dtype)
+    except ValueError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    return case
+
+
+def is_engine_reproducer(path: Path) -> bool:
+    """Whether `path` reads as an engine-ops reproducer (an unreadable file is left to the case
+    loader's own message)."""
+    try:
+        return load_reproducer(path, check=False).kind == "engine-ops"
+    except UsageError:
+        return False
+
+
+def load_engine_reproducer(path: Path, engine: str | None = None) -> dict[str, Any]:
+    """An engine-ops reproducer's rules, checked field by field; `engine` replaces the engine it names."""
+    reproducer = load_reproducer(path, check=False)
+    if reproducer.kind != "engine-ops":
+        raise UsageError(f"{path} is {KINDS[reproducer.kind]} (kind {reproducer.kind}), not an engine reproducer")
+    rules = reproducer.engine_rules()
+    check_engine_rules(rules, str(path))
+    return dict(rules, engine=engine or rules["engine"])

@@ -1,0 +1,1 @@
+"""Commands: the CLI, replay, minimize, the installed suite and the pytest plugin."""

@@ -1,0 +1,202 @@
+"""Replay: any reproducer (`specaudit.artifacts.reproducer`'s one envelope, every kind) run again.
+
+`specaudit replay FILE` lands here. Apart from the reproducer format, because replaying reaches
+the subjects themselves: decoders, real models, engines, and servers through the black-box
+adapter, which writes reproducers of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specaudit.artifacts.reproducer import (
+    KINDS,
+    Reproducer,
+    engine_failure_record,
+    load_reproducer,
+    replay_engine_rules,
+    validate,
+)
+from specaudit.checks.diagnosis import Diagnosis, diagnose
+from specaudit.contracts.builtins import check_model
+from specaudit.contracts.errors import UsageError
+from specaudit.contracts.violation import Violation, render
+from specaudit.running.runner import run_case
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """What `specaudit replay` may put in place of the file's own subject; None keeps the file's."""
+
+    decoder: str | None = None
+    engine: str | None = None
+    server: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    device: str | None = None
+    quiet: bool = True
+
+
+APPLIES = {
+    "decoder-case": ("decoder",),
+    "real-model": ("decoder", "target", "draft", "device"),
+    "engine-ops": ("engine",),
+    "blackbox": ("engine", "server", "target"),
+    "vllm-paged": ("target", "draft"),
+}
+"""The options of `ReplayOptions` each kind takes."""
+
+
+@dataclass(frozen=True)
+class EngineReplay:
+    """An engine's rules run again: the violations of the first failing rule ([] if none)."""
+
+    engine: str
+    where: str
+    rules: dict[str, Any]
+    violations: list[Violation]
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+    def render(self) -> str:
+        n = len(self.rules["ops"])
+        if self.violations:
+            return f"{self.engine} fails {self.where} ({n} rules):\n{render(self.violations)}"
+        return f"{self.engine} passes every check on {self.where} ({n} rules)"
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(engine_failure_record(self.rules, self.violations), passed=self.passed)
+
+
+@dataclass(frozen=True)
+class BlackboxReplay:
+    """A black-box reproducer's requests sent again: the engine audit's result (output level only)."""
+
+    result: Any  # specaudit.adapters.engine_blackbox.EngineAuditResult
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.result.passed)
+
+    def render(self) -> str:
+        return str(self.result.table())
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.result.to_json())
+
+
+def check_options(reproducer: Reproducer, options: ReplayOptions) -> None:
+    """A UsageError for an option the reproducer's kind does not take (--decoder on an engine's rules)."""
+    taken = APPLIES[reproducer.kind]
+    given = [name for name in ("decoder", "engine", "server", "target", "draft", "device") if getattr(options, name)]
+    wrong = [f"--{name}" for name in given if name not in taken]
+    if wrong:
+        verb = "does" if len(wrong) == 1 else "do"
+        what = f"{reproducer.where} is {KINDS[reproducer.kind]} (kind {reproducer.kind})"
+        takes = ", ".join(f"--{t}" for t in taken)
+        raise UsageError(f"{what}: {', '.join(wrong)} {verb} not apply; it takes {takes}")
+    if options.engine and options.server:
+        raise UsageError("give --server URL or --engine MODULE:ATTR, not both")
+
+
+def replay(reproducer: Reproducer | Path, decoder: str | None = None, **options: Any) -> Any:
+    """Run any reproducer again, against its own subject or the one given (`ReplayOptions`).
+    Returns an outcome with `passed`, `render()` and `to_json()`: a `Diagnosis` (decoder and
+    real-model cases), an `EngineReplay`, a `BlackboxReplay`."""
+    if not isinstance(reproducer, Reproducer):
+        reproducer = load_reproducer(Path(reproducer), check=False)
+    given = ReplayOptions(decoder=decoder, **options)
+    check_options(reproducer, given)
+    validate(reproducer)
+    return REPLAYERS[reproducer.kind](reproducer, given)
+
+
+DECODER_FLAG = "--decoder MODULE:ATTR"
+
+
+def named(value: Any, flag: str, reproducer: Reproducer, what: str) -> str:
+    if not value:
+        raise UsageError(f"{reproducer.where} names no {what}: give {flag}")
+    return str(value)
+
+
+def replay_decoder_case(reproducer: Reproducer, options: ReplayOptions) -> Diagnosis:
+    """The case run against the decoder, every check on every call, diagnosed."""
+    from specaudit.contracts.decoder import load_decoder
+
+    decoder = named(options.decoder or reproducer.subject.get("decoder"), DECODER_FLAG, reproducer, "decoder")
+    case = reproducer.case
+    try:
+        check_model(case.model, case.draft, case.dtype)
+    except ValueError as exc:
+        raise UsageError(f"{reproducer.where}: {exc}") from None
+    return diagnose(run_case(decoder, case, factory=load_decoder(decoder)))
+
+
+def replay_real_model(reproducer: Reproducer, options: ReplayOptions) -> Diagnosis:
+    """The batch run again on the real models it names (or those given), I2 on every target call,
+    judged against their measured noise floor. A case written before the envelope names only
+    its target (in its model label), so its draft must be given."""
+    from specaudit.adapters.realmodel import audit_batch, run_batch
+    from specaudit.contracts.decoder import load_decoder
+    from specaudit.models.loading import load_pair
+    from specaudit.models.pretrained import cache_dir
+    from specaudit.numerics.noise import measure_noise
+
+    subject = reproducer.subject
+    decoder = named(options.decoder or subject.get("decoder"), DECODER_FLAG, reproducer, "decoder")
+    target = named(options.target or subject.get("target"), "--target DIR", reproducer, "target model")
+    draft = named(options.draft or subject.get("draft"), "--draft DIR", reproducer, "draft model")
+    case, device = reproducer.case, options.device or subject.get("device") or "cpu"
+    target_model, draft_model, _ = load_pair(target, draft, device, case.dtype)
+    calibration = cache_dir() / "calibration"
+    noise = measure_noise(target_model, case.prompts, label=target, steps=case.max_new_tokens,
+                          pad_token_id=case.pad_token_id, store=calibration, say=lambda _: None)  # fmt: skip
+    factory = load_decoder(decoder)
+    run = run_batch(decoder, factory, case, target_model, draft_model, sample=lambda _: True, sample_rate=1.0,
+                    baseline=False, noise=noise)  # fmt: skip
+    return audit_batch(run)
+
+
+def replay_engine_ops(reproducer: Reproducer, options: ReplayOptions) -> EngineReplay:
+    """The rules run again against the engine, every check after every step."""
+    from specaudit.contracts.engine import load_engine
+
+    rules = reproducer.engine_rules(options.engine)
+    load_engine(rules["engine"])  # an unloadable engine is a usage error
+    return EngineReplay(rules["engine"], reproducer.where, rules, replay_engine_rules(rules))
+
+
+def replay_blackbox(reproducer: Reproducer, options: ReplayOptions) -> BlackboxReplay:
+    """The requests sent again at their arrivals, to the server or engine named (or given)."""
+    from specaudit.adapters.engine_blackbox import replay_plan
+
+    given = {"server": options.server, "engine": options.engine, "target": options.target, "quiet": options.quiet}
+    return BlackboxReplay(replay_plan(reproducer.plan_document(), reproducer.source, **given))
+
+
+def replay_vllm_paged(reproducer: Reproducer, options: ReplayOptions) -> Any:
+    """The workload through vLLM in process again, every target forward judged (needs vLLM: run
+    with the vLLM venv's python)."""
+    import importlib.util
+
+    from specaudit.adapters.vllm_server import observe_in_process
+
+    if importlib.util.find_spec("vllm") is None:
+        raise UsageError(f"{reproducer.where} replays vLLM in process: run it with the vLLM venv's python")
+    model = options.target or reproducer.subject["model"]
+    draft = options.draft or reproducer.subject.get("draft")
+    return observe_in_process(model, draft, reproducer.payload)
+
+
+REPLAYERS = {
+    "decoder-case": replay_decoder_case,
+    "real-model": replay_real_model,
+    "engine-ops": replay_engine_ops,
+    "blackbox": replay_blackbox,
+    "vllm-paged": replay_vllm_paged,
+}

@@ -1,0 +1,1 @@
+"""Numerics: per-dtype tolerances, the measured noise floor and the higher-precision witness."""

@@ -1,0 +1,301 @@
+"""Forward hooks that record every call a decoder makes on the models it was given.
+
+The decoder needs no cooperation: anything built on HF-style `model(...)` calls is seen,
+keyword or positional (each call is bound to the model's own forward signature). Target calls
+keep a snapshot of the cache after the call, since decoders mutate caches in place and the
+checks run after the decoder returns.
+
+Every target forward is observed or the run is refused. Besides the hooks, the target's
+`forward` (and its base model's, e.g. `target.model`) is replaced on the instance by a probe
+for the duration of the run, so a forward that runs without its hooks having fired
+(`target.forward(...)`, `target.model.forward(...)`) is counted as unobserved. The base model
+called directly (`target.model(...)` then `target.lm_head(...)`, a split body and head) is
+observed: its call is recorded like a target call, since it holds all the attention and the
+cache. Inputs the checks cannot judge (`inputs_embeds`, a 4-D or block attention mask, an
+unreadable cache) are recorded as unsupported instead of being half-read.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specaudit.contracts.decoder import ContractError
+from specaudit.models.compat import (
+    cache_argument,
+    cache_layers,
+    call_arguments,
+    filled_layers,
+    forward_signature,
+    layer_lengths,
+    output_cache,
+)
+
+_CALL_ORDER = itertools.count()  # interleaves target and draft calls: round boundaries for the checks
+
+
+@dataclass
+class CallRecord:
+    role: str  # "target" or "draft"
+    index: int  # order among this role's calls
+    input_ids: torch.Tensor | None  # [B, T] as passed
+    attention_mask: torch.Tensor | None  # [B, P + T] as passed (None: HF attends everything, or unsupported)
+    position_ids: torch.Tensor | None  # [B, T] as passed (None: HF uses P + arange(T))
+    layer_lengths: tuple[int, ...]  # P (filled slots, not a static cache's capacity) of every layer before the call
+    cache_batch: int | None  # rows in the cache before the call (None: empty cache)
+    cache_after: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # [B, H, P + T, D]
+    sampled: bool = True  # False: I1 only, no snapshot, I2 skipped (bounds the cost on real models)
+    seconds: float = 0.0  # wall time of the forward itself
+    entry: str = "model"  # "model": model(...); "base": the base model called directly (a split body and head)
+    unsupported: tuple[str, ...] = ()  # inputs the checks cannot judge, e.g. "inputs_embeds instead of input_ids"
+    order: int = field(default_factory=lambda: next(_CALL_ORDER))  # order among all calls, target and draft
+
+    @property
+    def past_length(self) -> int:
+        return self.layer_lengths[0] if self.layer_lengths else 0
+
+
+@dataclass
+class Recording:
+    target_calls: list[CallRecord] = field(default_factory=list)
+    draft_calls: list[CallRecord] = field(default_factory=list)
+    forwards: int = 0  # target forwards that ran: top-level ones, and base-model ones outside a top-level one
+    unobserved: list[str] = field(default_factory=list)  # one entry per target forward no hook saw
+
+
+def breach(recording: Recording) -> ContractError | None:
+    """The contract rule a recording shows broken, or None: an input the checks cannot judge
+    ('unsupported-input'), or target forwards the hooks did not see ('unobserved-forward')."""
+    for call in recording.target_calls:
+        if call.unsupported:
+            return ContractError(
+                "unsupported-input",
+                f"target call {call.index} with {'; '.join(call.unsupported)}",
+                evidence={"call": call.index, "inputs": list(call.unsupported)},
+            )
+    if recording.unobserved:
+        seen = len(recording.target_calls)
+        return ContractError(
+            "unobserved-forward",
+            f"{len(recording.unobserved)} of {recording.forwards} target forwards unseen by the hooks "
+            f"(first: {recording.unobserved[0]}), {seen} observed",
+            evidence={"forwards": recording.forwards, "observed": seen, "unobserved": recording.unobserved[:8]},
+        )
+    return None
+
+
+def _clone(x: Any) -> torch.Tensor | None:
+    return _to_cpu(x) if isinstance(x, torch.Tensor) else None
+
+
+def _to_cpu(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().to("cpu", copy=True)
+
+
+class _Watch:
+    """One instrumented model: its calls, which forwards a hook announced, and nesting."""
+
+    def __init__(
+        self, role: str, recording: Recording, calls: list[CallRecord], sample: Callable[[int], bool], snapshot: bool
+    ) -> None:
+        self.role = role
+        self.recording = recording
+        self.calls = calls
+        self.sample = sample
+        self.snapshot = snapshot
+        self.depth = 0  # top-level forwards running
+        self.announced: set[int] = set()  # modules whose pre-hook fired for the forward about to run
+        # one per hooked call in progress: the record and the cache passed in (None: nested, not recorded)
+        self.open: list[tuple[CallRecord, Any] | None] = []
+
+    def record(self, signature: Any, args: tuple, kwargs: dict[str, Any], entry: str) -> tuple[CallRecord, Any]:
+        """Bind the call and keep what the checks read; never raises (a hook must not break the model)."""
+        record = CallRecord(self.role, len(self.calls), None, None, None, (), None, entry=entry)
+        cache = None
+        try:
+            cache = self.read(record, call_arguments(signature, args, kwargs))
+        except Exception as exc:  # an input the harness cannot read is a refusal, not a crash
+            record.unsupported += (f"a call the harness cannot read ({type(exc).__name__}: {exc})",)
+        record.sampled = self.sample(len(self.calls))
+        record.seconds = -time.perf_counter()
+        self.calls.append(record)
+        return record, cache
+
+    @staticmethod
+    def read(record: CallRecord, arguments: dict[str, Any]) -> Any:
+        """Fill `record` from the bound arguments; returns the cache passed in."""
+        input_ids, mask = arguments.get("input_ids"), arguments.get("attention_mask")
+        unsupported: list[str] = []
+        if input_ids is None and arguments.get("inputs_embeds") is not None:
+            unsupported.append("inputs_embeds instead of input_ids")
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
+            if isinstance(mask, torch.Tensor):
+                unsupported.append(f"a {mask.dim()}-D attention_mask of shape {tuple(mask.shape)} (2-D masks only)")
+            else:
+                unsupported.append(f"an attention_mask of type {type(mask).__name__} (2-D masks only)")
+            mask = None
+        cache = cache_argument(arguments)
+        if cache is not None:
+            try:
+                layers = cache_layers(cache)
+                record.layer_lengths = layer_lengths(cache)
+                record.cache_batch = int(layers[0][0].shape[0]) if layers else None
+            except Exception:
+                unsupported.append(f"a cache of type {type(cache).__name__} the harness cannot read")
+        record.input_ids = _clone(input_ids)
+        record.attention_mask = _clone(mask)
+        record.position_ids = _clone(arguments.get("position_ids"))
+        record.unsupported = tuple(unsupported)
+        return cache
+
+    def finish(self, record: CallRecord, cache_in: Any, output: Any) -> None:
+        if output is None:  # the forward raised: the decoder's error says so
+            record.seconds = 0.0
+            return
+        cache = output_cache(output)
+        cache = cache if cache is not None else cache_in  # caches are updated in place
+        if self.snapshot and record.sampled and cache is not None and not record.unsupported:
+            # snapshots live on the CPU: a GPU model's full cache per call would not fit beside it
+            try:
+                record.cache_after = [(_to_cpu(k), _to_cpu(v)) for k, v in filled_layers(cache)]
+            except Exception as exc:  # never raise into the decoder's forward
+                record.unsupported += (f"a returned cache the harness cannot read ({type(exc).__name__}: {exc})",)
+        record.seconds += time.perf_counter()
+
+
+def _hooks(watch: _Watch, module: torch.nn.Module, entry: str) -> list[Any]:
+    """Pre- and post-hook on `module`; a base-model call inside a top-level one is not recorded again."""
+    signature = forward_signature(module)
+    key = id(module)
+
+    def pre(mod: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        watch.announced.add(key)
+        nested = entry == "base" and watch.depth > 0
+        watch.open.append(None if nested else watch.record(signature, args, kwargs, entry))
+
+    def post(mod: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        opened = watch.open.pop() if watch.open else None
+        if opened is not None:
+            watch.finish(*opened, output)
+
+    return [
+        module.register_forward_pre_hook(pre, with_kwargs=True),
+        module.register_forward_hook(post, with_kwargs=True, always_call=True),
+    ]
+
+
+class _ForwardProbe:
+    """Stands in for `module.forward` during the run: counts forwards and notes those that ran
+    without their hooks (called as `module.forward(...)`, which skips `module(...)`)."""
+
+    def __init__(self, watch: _Watch, module: torch.nn.Module, label: str, top: bool) -> None:
+        self.watch, self.label, self.top, self.key = watch, label, top, id(module)
+        self.previous = vars(module).get("forward")  # an instance-level forward already there (accelerate)
+        self.original = module.forward
+        self.__wrapped__ = self.original  # inspect.signature(module.forward) stays the model's own
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        watch = self.watch
+        announced = self.key in watch.announced
+        watch.announced.discard(self.key)
+        if self.top or watch.depth == 0:
+            watch.recording.forwards += 1
+            if not announced:
+                watch.recording.unobserved.append(
+                    f"{self.label}.forward() called directly, bypassing {self.label}(...)"
+                )
+        if not self.top:
+            return self.original(*args, **kwargs)
+        watch.depth += 1
+        try:
+            return self.original(*args, **kwargs)
+        finally:
+            watch.depth -= 1
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        """A deep copy of the model gets its own forward back, not a probe into this run."""
+        twin = memo.get(self.key)
+        if self.previous is not None:
+            return copy.deepcopy(self.previous, memo)
+        return types.MethodType(type(twin).forward, twin) if twin is not None else self.original
+
+    def remove(self, module: torch.nn.Module) -> None:
+        if vars(module).get("forward") is not self:
+            return  # the decoder replaced it: the models-unchanged rule reports that
+        if self.previous is not None:
+            module.forward = self.previous
+        else:
+            del module.forward
+
+
+def _probe(watch: _Watch, module: torch.nn.Module, label: str, top: bool) -> Callable[[], None]:
+    probe = _ForwardProbe(watch, module, label, top)
+    module.forward = probe
+    return lambda: probe.remove(module)
+
+
+def base_model(model: torch.nn.Module) -> tuple[torch.nn.Module, str] | None:
+    """The body under a causal LM's head (`model.model`, `model.transformer`), if it has one."""
+    base = getattr(model, "base_model", None)
+    if not isinstance(base, torch.nn.Module) or base is model:
+        return None
+    prefix = getattr(model, "base_model_prefix", "") or "base_model"
+    return base, prefix if getattr(model, prefix, None) is base else "base_model"
+
+
+def watch_model(
+    role: str,
+    model: torch.nn.Module,
+    calls: list[CallRecord],
+    recording: Recording,
+    sample: Callable[[int], bool],
+    *,
+    snapshot: bool,
+    probe: bool,
+) -> list[Callable[[], None]]:
+    """Instrument one model; returns the undo steps."""
+    watch = _Watch(role, recording, calls, sample, snapshot)
+    undo: list[Callable[[], None]] = [h.remove for h in _hooks(watch, model, "model")]
+    base = base_model(model) if probe else None  # nesting is known from the top-level probe
+    if base is not None:
+        undo += [h.remove for h in _hooks(watch, base[0], "base")]
+    if probe:
+        undo.append(_probe(watch, model, role, top=True))
+    if base is not None:
+        undo.append(_probe(watch, base[0], f"{role}.{base[1]}", top=False))
+    return undo
+
+
+def every_call(index: int) -> bool:
+    return True
+
+
+@contextmanager
+def instrument(
+    target: torch.nn.Module, draft: torch.nn.Module | None, sample: Callable[[int], bool] = every_call
+) -> Iterator[Recording]:
+    """Record target and draft calls while the block runs; hooks and probes are removed afterwards.
+
+    `sample(i)` says whether target call i keeps a cache snapshot for I2; unsampled calls
+    are still recorded and checked for I1. `breach(recording)` says whether the run must be
+    refused (an unsupported input or an unobserved target forward).
+    """
+    recording = Recording()
+    undo = watch_model("target", target, recording.target_calls, recording, sample, snapshot=True, probe=True)
+    try:
+        if draft is not None and draft is not target:
+            undo += watch_model(
+                "draft", draft, recording.draft_calls, recording, every_call, snapshot=False, probe=False
+            )
+        yield recording
+    finally:
+        for step in reversed(undo):
+            step()

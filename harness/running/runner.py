@@ -1,0 +1,322 @@
+"""Run one case: oracle first, then the decoder under test on instrumented models."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from specaudit.contracts.case import Case
+from specaudit.contracts.decoder import (
+    ContractError,
+    ModelState,
+    Watchdog,
+    call_decoder,
+    global_hook_changes,
+    global_hooks,
+    instantiate,
+    load_decoder,
+    model_changes,
+    model_state,
+    remove_new_hooks,
+    still_running,
+)
+from specaudit.fixtures.pairs import draft_model, target_model
+from specaudit.fixtures.transparent import RequestScript
+from specaudit.numerics.calibration import NoiseFloor
+from specaudit.reference.oracle import OracleResult, greedy_oracle, truncate
+from specaudit.running.instrument import Recording, breach, every_call, instrument
+
+
+@dataclass
+class Run:
+    """Everything the checks need about one decoder run; checks read it, never change it."""
+
+    case: Case
+    decoder: str
+    outputs: list[list[int]] | None  # None when the decoder broke the contract
+    error: ContractError | None
+    oracle: list[OracleResult]  # per row: the batch-size-1 greedy output, EOS and limit applied
+    scripts: list[RequestScript]  # per row: EOS-blind continuation and accept pattern
+    recording: Recording
+    target: torch.nn.Module
+    seconds: float
+    instance: Any = None  # the decoder object, for its declared capabilities (e.g. max_wait_calls)
+    factory: Any = None  # what the user gave (class, factory function, configured callable): re-run with this
+    noise: NoiseFloor | None = None  # measured batched-arithmetic noise (real models); None: fixed tolerances
+    memo: dict[str, Any] = field(default_factory=dict)  # derived views, computed once per run
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(map(len, self.outputs or []))
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def outside_models_share(self) -> float:
+        """Share of the decoder's time spent outside target and draft forwards: realignment,
+        acceptance and bookkeeping (the alignment overhead, as far as hooks can see)."""
+        calls = self.recording.target_calls + self.recording.draft_calls
+        inside = sum(c.seconds for c in calls)
+        return max(0.0, 1.0 - inside / self.seconds) if self.seconds > 0 and calls else 0.0
+
+
+def oracle_continuation(model: str, dtype: str, prompt: tuple[int, ...], horizon: int) -> OracleResult:
+    """The EOS-blind greedy continuation, long enough for the draft to look past the limit.
+
+    Computed in blocks of 16 tokens so shrinking K or max_new_tokens reuses it.
+    """
+    full, _ = _continuation(model, dtype, prompt, -(-horizon // 16) * 16)
+    return OracleResult(full.tokens[:horizon], full.stop, full.margins[:horizon])
+
+
+@functools.lru_cache(maxsize=4096)
+def _continuation(model: str, dtype: str, prompt: tuple[int, ...], horizon: int) -> tuple[OracleResult, float]:
+    """The continuation and the seconds its batch-size-1 greedy decoding took on this machine."""
+    target = target_model(model, dtype)
+    start = time.perf_counter()
+    with torch.no_grad():
+        result = greedy_oracle(target, prompt, max_new_tokens=horizon, eos_token_id=None)
+    return result, time.perf_counter() - start
+
+
+def oracle_outputs(case: Case) -> tuple[list[OracleResult], list[RequestScript]]:
+    oracle, scripts = [], []
+    for prompt, accept in zip(case.prompts, case.accept):
+        cont = oracle_continuation(case.model, case.dtype, prompt, case.horizon)
+        tokens, stop = truncate(cont.tokens, max_new_tokens=case.max_new_tokens, eos_token_id=case.eos_token_id)
+        oracle.append(OracleResult(tokens, stop, cont.margins[: len(tokens)]))
+        scripts.append(RequestScript(prompt, cont.tokens, accept))
+    return oracle, scripts
+
+
+# ---------------------------------------------------------------------------------------
+# When a decoder run is a hang
+#
+# A limit in seconds that does not know the machine is a false alarm on a loaded runner, and a
+# slow decoder (one without a cache, re-running whole rows every round) is not a hung one. So
+# the watchdog (`specaudit.contracts.decoder.Watchdog`) judges progress: a run is a hang when no forward
+# of the target or draft completes for the idle limit
+#
+#     idle = max(IDLE_FLOOR_S, IDLE_MULTIPLE x t_ref)
+#
+# where t_ref is the measured wall time of the reference run of the same case on this machine
+# (the batch-size-1 greedy oracle of its prompts, which every run computes first), or when it
+# makes more target forwards than any decoder can need for the case,
+#
+#     max_forwards = B x (max_new_tokens + 2) x (K + 1)
+#
+# (every row alone, one token per round, each round verified one token per forward, plus a
+# prefill): rows that never finish. A hang is therefore reported within `idle` of the last
+# forward. An un-instrumented run (no progress to read) is bounded by `idle` as a whole.
+
+IDLE_FLOOR_S = 20.0
+IDLE_MULTIPLE = 10.0
+
+
+def reference_seconds(case: Case) -> float:
+    """t_ref: the oracle's measured batch-size-1 decoding time for the case's prompts."""
+    horizon = -(-case.horizon // 16) * 16
+    return sum(_continuation(case.model, case.dtype, prompt, horizon)[1] for prompt in set(case.prompts))
+
+
+def idle_limit(case: Case) -> float:
+    """The watchdog's idle limit for `case` (see the section comment)."""
+    return max(IDLE_FLOOR_S, IDLE_MULTIPLE * reference_seconds(case))
+
+
+def max_forwards(case: Case) -> int:
+    """More target forwards than this cannot come from a decoder whose rows finish."""
+    return case.batch_size * (case.max_new_tokens + 2) * (case.num_draft_tokens + 1)
+
+
+def run_case(
+    decoder_spec: str,
+    case: Case,
+    *,
+    factory: Any = None,
+    timeout_s: float | None = None,
+    instrumented: bool = True,
+) -> Run:
+    """Run `decoder_spec` (or an already loaded `factory`) on `case` and record everything.
+
+    `timeout_s` overrides the watchdog's idle limit (`idle_limit(case)`). `instrumented=False`
+    runs without hooks (an empty recording): the baseline for measuring the instrumentation's
+    own overhead. A contract break (the decoder's own, an input the checks cannot judge, an
+    unobserved target forward, a changed model) leaves `outputs` None and `error` set.
+    """
+    factory = factory or load_decoder(decoder_spec)
+    oracle, scripts = oracle_outputs(case)
+    target = target_model(case.model, case.dtype)
+    draft = draft_model(case.model, case.draft, scripts, case.dtype)
+    limit = idle_limit(case) if timeout_s is None else timeout_s
+    guard = guarded_call(
+        decoder_spec,
+        factory,
+        target,
+        draft,
+        case,
+        Watchdog(limit, max_forwards=max_forwards(case)),
+        instrumented,
+    )
+    return Run(
+        case,
+        decoder_spec,
+        guard.outputs,
+        guard.error,
+        oracle,
+        scripts,
+        guard.recording,
+        target,
+        guard.seconds,
+        guard.decoder,
+        factory,
+    )
+
+
+@dataclass
+class Guarded:
+    """One decoder call under the whole contract: what it returned or the rule it broke."""
+
+    outputs: list[list[int]] | None
+    error: ContractError | None
+    recording: Recording
+    seconds: float
+    decoder: Any
+
+
+def guarded_call(
+    spec: str,
+    factory: Any,
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    case: Case,
+    watchdog: Watchdog,
+    instrumented: bool = True,
+    sample: Callable[[int], bool] | None = None,
+    device: torch.device | None = None,
+) -> Guarded:
+    """A fresh decoder from `factory` on `case` under every contract rule, for every subject that
+    runs a decoder (built-in and real models alike): the decoder's own rules and the watchdog,
+    then, whether it failed or not, the side-effect guard (hooks left behind are removed, a
+    changed built-in model is rebuilt) and, when instrumented, the observation rules
+    ('unobserved-forward', 'unsupported-input'). `device` is synchronized around the timed call."""
+    owner = (spec, factory)  # the decoder, for `still_running`
+    busy = still_running(owner)
+    if busy is not None:
+        error = ContractError(
+            "generate-returns",
+            f"no run: this decoder is still running since it timed out on {busy} (its thread has not returned)",
+            evidence={"still_running": True},
+        )
+        return Guarded(None, error, Recording(), 0.0, None)
+    decoder = instantiate(factory, spec)
+    input_ids, attention_mask = case.batch()  # [B, T] each
+    if device is not None:
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    watched_models = watch_models(target, draft)
+    outputs, error = None, None
+    with instrument(target, draft, sample or every_call) if instrumented else nullcontext(Recording()) as recording:
+        watch = (lambda: progress(recording)) if instrumented else None  # un-instrumented: nothing to read
+        watchdog = replace(watchdog, progress=watch, owner=owner, what=repr(case))
+        synchronize(device)
+        start = time.perf_counter()
+        try:
+            with torch.no_grad():
+                outputs = call_decoder(
+                    decoder,
+                    target,
+                    draft,
+                    input_ids,
+                    attention_mask,
+                    num_draft_tokens=case.num_draft_tokens,
+                    max_new_tokens=case.max_new_tokens,
+                    eos_token_id=case.eos_token_id,
+                    pad_token_id=case.pad_token_id,
+                    watchdog=watchdog,
+                )
+        except ContractError as exc:
+            error = exc
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    changed = models_breach(watched_models, target, draft)  # always: it also repairs the models
+    error = breach(recording) or error or changed  # an un-instrumented recording is empty: no breach
+    return Guarded(None if error is not None else outputs, error, recording, seconds, decoder)
+
+
+def progress(recording: Recording) -> tuple[int, int]:
+    """(target forwards, all forwards) completed so far: what the watchdog reads."""
+    return recording.forwards, len(recording.target_calls) + len(recording.draft_calls)
+
+
+def synchronize(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------------------
+# Side effects on the shared models
+
+
+def watch_models(target: torch.nn.Module, draft: torch.nn.Module) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """Fingerprints of the models (and torch's global hooks) before the decoder runs."""
+    models = {"target": (target, model_state(target))}
+    if draft is not target:
+        models["draft"] = (draft, model_state(draft))
+    return models, global_hooks()
+
+
+def models_breach(
+    watched: tuple[dict[str, tuple[torch.nn.Module, ModelState]], dict[str, tuple[int, ...]]],
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+) -> ContractError | None:
+    """'models-unchanged', after repairing what was changed: hooks left behind are removed;
+    a built-in model changed in any other way is dropped from the caches, so the next run
+    (and the oracle) gets a freshly built one."""
+    models, hooks_before = watched
+    changes = global_hook_changes(hooks_before)
+    for role, (model, before) in models.items():
+        found = model_changes(role, before, model)
+        if found:
+            remove_new_hooks(before, model)
+            if any(" left on " not in change for change in found):
+                evict_models()
+        changes += found
+    if not changes:
+        return None
+    return ContractError("models-unchanged", "; ".join(changes[:6]), evidence={"changes": changes})
+
+
+def evict_models() -> None:
+    """Forget every cached built-in model and run built on one: a decoder changed a model."""
+    target_model.cache_clear()
+    tiny = sys.modules.get("specaudit.fixtures.tiny")
+    if tiny is not None and hasattr(tiny, "_build"):
+        tiny._build.cache_clear()
+    _RUNS.clear()
+
+
+_RUNS: OrderedDict[tuple[str, Case], Run] = OrderedDict()
+
+
+def cached_run(decoder_spec: str, case: Case) -> Run:
+    """The properties share runs: four checks of one case cost one decoder run per process."""
+    key = (decoder_spec, case)
+    if key in _RUNS:
+        _RUNS.move_to_end(key)
+        return _RUNS[key]
+    run = run_case(decoder_spec, case)
+    _RUNS[key] = run
+    while len(_RUNS) > 64:
+        _RUNS.popitem(last=False)
+    return run
