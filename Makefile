@@ -75,7 +75,7 @@ audit-vllm-smoke: $(BIN)/specaudit $(VLLM_VENV)/.specaudit-vllm
 # The white box: vLLM in process, unpatched (ngram, draft model; arrivals, an abort) and each planted
 # vLLM bug (reference/vllm_mutants.py), every target forward judged by the paged-layout checks.
 test-vllm: $(VLLM_VENV)/.specaudit-vllm
-	$(VLLM_BIN)/pytest tests/test_vllm_observer.py -p no:xdist -p no:cacheprovider -q -W ignore
+	$(VLLM_BIN)/pytest tests/adapters/test_vllm_observer.py -p no:xdist -p no:cacheprovider -q -W ignore
 
 # Import cycles among specaudit's modules (imports inside functions count), on a copy of the
 # tree laid out as the wheel installs it (harness/ is specaudit, the other folders its subpackages).

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from specaudit.adapters.engine_blackbox import CompletionsClient, Request, make_requests, send_staggered
+from specaudit.adapters.engine_blackbox import Request, make_requests
+from specaudit.adapters.transports import CompletionsClient, send_staggered
 from specaudit.models.loading import load_model, load_tokenizer, read_prompts, tokenize
 from specaudit.models.pretrained import DEFAULT_PROMPTS, resolve
 from specaudit.reference.oracle import OracleResult, answer_oracle, greedy_oracle

@@ -5,7 +5,7 @@ context lengths, the rejection sampler, the block pool), applied in process with
 and each names the check and rule of `specaudit.checks.paged` that must catch it first, and
 whether the output-level (black-box) comparison with the batch-size-1 oracle also sees it on
 the tiny test model (`output_visible`), and whether the K/V comparison with a batch-size-1 run
-does (`kv_visible`), both measured by tests/test_vllm_observer.py.
+does (`kv_visible`), both measured by tests/adapters/test_vllm_observer.py.
 
 Most bugs are planted after `GPUModelRunner._prepare_inputs`, which fills the runner's
 persistent buffers (`positions`, `seq_lens`, the block table's `slot_mapping`, `input_ids`)

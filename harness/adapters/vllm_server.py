@@ -5,7 +5,10 @@ For each served model (a config-built tiny Llama, the built-in SmolLM2-135M) and
 server is started with the vLLM venv's python on 127.0.0.1 at a free port, waited for on
 /health, audited with `specaudit blackbox` (`run_blackbox`: staggered token-id requests judged
 against the batch-size-1 greedy oracle in this process), read on /metrics before and after
-(drafted and accepted tokens), and stopped by its process group on every exit path.
+(drafted and accepted tokens), and stopped by its process group on every exit path. The driver
+that runs `specaudit blackbox` per configuration (`run_audit_vllm`, `audit_configuration`) is
+`specaudit.commands.audit_vllm`, as an adapter may not import a command; this module keeps the
+server's lifecycle, /metrics, the report and the white-box in-process observation.
 
 vLLM pins a transformers older than this project's, so it lives in a venv of its own
 (`make audit-vllm` builds it); only the server runs there. The oracle runs here, on the same
@@ -25,7 +28,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -408,42 +410,6 @@ def render_markdown(outcomes: Sequence[Outcome], header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def audit_configuration(
-    settings: VllmAuditSettings, model: str, configuration: str, target: Path, draft: Path, say: Callable[[str], None]
-) -> Outcome:
-    """Serve `target` with the configuration, audit it black-box, read /metrics around it; the server always stops."""
-    from specaudit.adapters.engine_blackbox import run_blackbox
-    from specaudit.config.settings import BlackboxSettings
-
-    spec = speculative_config(configuration, draft)
-    port = free_port()
-    url = f"http://{HOST}:{port}"
-    out = settings.out / f"{model}-{configuration}"
-    start = time.monotonic()
-    say(f"{model} / {configuration}: starting vLLM on {url} (log {out / 'server.log'})")
-    try:
-        with serving(server_command(settings.python, target, port, spec), url, out / "server.log",
-                     settings.health_timeout_s, SERVER_ENV) as server:  # fmt: skip
-            startup = time.monotonic() - start
-            say(f"{model} / {configuration}: healthy after {startup:.1f} s (pid {server.pid}); auditing")
-            before = fetch_counts(url)
-            blackbox = BlackboxSettings(
-                target=str(target), server=url, requests=settings.requests, max_new_tokens=settings.max_new_tokens,
-                seed=settings.seed, spread=settings.spread, served_model=str(target),
-                timeout_s=settings.request_timeout_s,
-                dtype="float32", out=out, quiet=True,
-            )  # fmt: skip
-            run_blackbox(blackbox)
-            counts = fetch_counts(url) - before
-    except (ServerError, OSError, UsageError) as exc:
-        return Outcome(model, configuration, spec, False, "server or audit error", error=str(exc),
-                       wall_s=time.monotonic() - start)  # fmt: skip
-    report = json.loads((out / "report.json").read_text())
-    figures = from_report(report)
-    return Outcome(model, configuration, spec, counts=counts, startup_s=startup, wall_s=time.monotonic() - start,
-                   **figures)  # fmt: skip
-
-
 def check_python(python: str) -> str:
     """The vLLM venv's python must exist and import vllm, before any model is built; its vLLM version."""
     if not Path(python).exists():
@@ -453,25 +419,6 @@ def check_python(python: str) -> str:
         last = (done.stderr.strip().splitlines() or ["?"])[-1]
         raise UsageError(f"{python} cannot import vllm: {last}")
     return (done.stdout.strip().splitlines() or ["?"])[-1]
-
-
-def run_audit_vllm(settings: VllmAuditSettings, say: Callable[[str], None] | None = None) -> int:
-    """Every model x configuration in turn; write report.md and report.json; exit 0 only if all pass."""
-    say = say or (lambda text: print(f"specaudit: {text}", file=sys.stderr, flush=True))
-    version = check_python(settings.python)
-    from specaudit.models.pretrained import cache_dir
-
-    root = settings.cache or cache_dir() / "vllm"
-    outcomes: list[Outcome] = []
-    start = time.monotonic()
-    for model in settings.models:
-        target, draft = model_directories(model, root, say)
-        for configuration in settings.configurations:
-            outcomes.append(audit_configuration(settings, model, configuration, target, draft, say))
-            write_reports(settings, outcomes, time.monotonic() - start, version)
-    text = write_reports(settings, outcomes, time.monotonic() - start, version)
-    print(text, end="")
-    return 0 if all(o.passed for o in outcomes) else 1
 
 
 def write_reports(settings: VllmAuditSettings, outcomes: Sequence[Outcome], wall_s: float, version: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 from specaudit.artifacts.reproducer import EVIDENCE_LIMIT, write_engine_failure, write_failure
 from specaudit.checks import equivalence
 from specaudit.checks.diagnosis import Diagnosis, diagnose
+from specaudit.checks.engine import EngineDiagnosis, diagnose_engine
 from specaudit.checks.registry import FAIL, NOT_APPLICABLE, Evaluation, evaluate
 from specaudit.config.settings import AuditSettings
 from specaudit.config.xfails import KnownFailures
@@ -36,13 +37,7 @@ from specaudit.reference.mutants import CATALOG
 from specaudit.running.runner import Run, run_case
 from specaudit.search.ddmin import MinimizedOps, ReproducerPasses, minimize_ops
 from specaudit.search.driver import MINIMIZE_BUDGET, SHRINK_BUDGET, search
-from specaudit.search.engine_machine import (
-    DEFAULT_ENGINES,
-    EngineDiagnosis,
-    MachineRun,
-    diagnose_engine,
-    run_machine,
-)
+from specaudit.search.engine_machine import DEFAULT_ENGINES, MachineRun, run_machine
 from specaudit.search.jobs import default_jobs, run_all
 
 PLANTED_BUG_EXAMPLES = 300

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from specaudit.checks.diagnosis import Diagnosis
+from specaudit.checks.engine import diagnose_engine
+from specaudit.checks.engine import replay as replay_rules
 from specaudit.contracts.builtins import MODELS, check_model
 from specaudit.contracts.case import CASE_FORMAT, ENVELOPE_FORMAT, Case, CaseFormatError
 from specaudit.contracts.errors import UsageError
@@ -166,14 +168,14 @@ ENGINE_KEYS = ("engine", "num_draft_tokens", "eos_token_id", "pad_token_id", "op
 ENGINE_MODEL_DEFAULT = "transparent"
 """The model of a reproducer without a "model" key (written before engines ran on tiny real models)."""
 ENGINE_OPS = {"add": ("id", "prompt", "max_new_tokens", "accept"), "step": (), "abort": ("id",), "drain": ()}
-"""Each rule of an engine reproducer and the fields it needs (`specaudit.search.engine_machine.replay`)."""
+"""Each rule of an engine reproducer and the fields it needs (`specaudit.checks.engine.replay`)."""
 
 
 def engine_failure_record(
     reproducer: dict[str, Any], violations: list[Violation], signature: str | None = None
 ) -> dict[str, Any]:
     """What an engine reproducer file holds: the rules to replay, then the evidence they gave and,
-    where the writer diagnosed it, the signature (`specaudit.search.engine_machine.diagnose_engine`)."""
+    where the writer diagnosed it, the signature (`specaudit.checks.engine.diagnose_engine`)."""
     first = violations[0] if violations else None
     return dict(
         reproducer,
@@ -203,7 +205,7 @@ import os
 
 import pytest
 
-from specaudit.search.engine_machine import replay
+from specaudit.checks.engine import replay
 from specaudit.artifacts.reproducer import remember_engine_failure
 from specaudit.contracts.violation import render
 
@@ -257,8 +259,6 @@ def write_engine_failure(
     """`DIR/<name>.json` (replayable with `specaudit replay FILE --engine X`) and, with `test`,
     `DIR/test_regression_<name>.py`; returns the paths written."""
     name = identifier(name)
-    from specaudit.search.engine_machine import diagnose_engine  # not on the item: each shrink step would re-run it
-
     signature = diagnose_engine(violations, reproducer).signature if violations else None
     paths = [write_engine_reproducer(directory, name, engine_failure_record(reproducer, violations, signature))]
     if test:
@@ -269,15 +269,14 @@ def write_engine_failure(
 
 
 def replay_engine_rules(reproducer: dict[str, Any]) -> list[Violation]:
-    """`specaudit.search.engine_machine.replay`, with an engine that does not build ('engine-builds')
+    """`specaudit.checks.engine.replay`, with an engine that does not build ('engine-builds')
     reported as its violation rather than raised."""
     from specaudit.contracts.decoder import ContractError
-    from specaudit.search.engine_machine import replay as replay_rules
 
     try:
         return replay_rules(reproducer)
     except ContractError as exc:
-        return [Violation("contract", exc.rule, exc.found, exc.expected, evidence=exc.evidence)]
+        return [exc.violation()]
 
 
 # ---------------------------------------------------------------------------------------
@@ -338,12 +337,12 @@ class Reproducer:
             raise UsageError(f"{self.where}: {exc}") from None
 
     def engine_rules(self, engine: str | None = None) -> dict[str, Any]:
-        """An engine-ops reproducer as `specaudit.search.engine_machine.replay` takes it (`engine` replaces its own)."""
+        """An engine-ops reproducer as `specaudit.checks.engine.replay` takes it (`engine` replaces its own)."""
         model = self.subject.get("model") or ENGINE_MODEL_DEFAULT
         return {"engine": engine or self.subject.get("engine"), **self.payload, "model": model}
 
     def plan_document(self) -> dict[str, Any]:
-        """A black-box reproducer as `specaudit.adapters.engine_blackbox.replayed_plan` takes it."""
+        """A black-box reproducer as `specaudit.commands.blackbox.replayed_plan` takes it."""
         return {"kind": LEGACY_BLACKBOX, **self.subject, **self.payload, "outcome": self.evidence.get("outcome")}
 
 

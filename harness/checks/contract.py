@@ -9,4 +9,4 @@ from specaudit.running.runner import Run
 def check_contract(run: Run) -> list[Violation]:
     if run.error is None:
         return []
-    return [Violation("contract", run.error.rule, run.error.found, run.error.expected, evidence=run.error.evidence)]
+    return [run.error.violation()]

@@ -191,7 +191,7 @@ def cmd_blackbox(args: argparse.Namespace) -> int:
         json=args.json,
         quiet=args.quiet,
     )
-    from specaudit.adapters.engine_blackbox import run_blackbox
+    from specaudit.commands.blackbox import run_blackbox
 
     return run_blackbox(settings)
 
@@ -449,7 +449,7 @@ def vllm_settings(args: argparse.Namespace) -> VllmAuditSettings:
 
 def cmd_audit_vllm(args: argparse.Namespace) -> int:
     """A real vLLM server per speculative configuration under the black-box audit."""
-    from specaudit.adapters.vllm_server import run_audit_vllm
+    from specaudit.commands.audit_vllm import run_audit_vllm
 
     return run_audit_vllm(vllm_settings(args))
 

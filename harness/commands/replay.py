@@ -173,7 +173,7 @@ def replay_engine_ops(reproducer: Reproducer, options: ReplayOptions) -> EngineR
 
 def replay_blackbox(reproducer: Reproducer, options: ReplayOptions) -> BlackboxReplay:
     """The requests sent again at their arrivals, to the server or engine named (or given)."""
-    from specaudit.adapters.engine_blackbox import replay_plan
+    from specaudit.commands.blackbox import replay_plan
 
     given = {"server": options.server, "engine": options.engine, "target": options.target, "quiet": options.quiet}
     return BlackboxReplay(replay_plan(reproducer.plan_document(), reproducer.source, **given))

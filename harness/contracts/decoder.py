@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from specaudit.contracts.errors import UsageError
+from specaudit.contracts.violation import Violation
 
 
 class Decoder(Protocol):
@@ -74,6 +75,10 @@ class ContractError(Exception):
     def detail(self) -> str:
         """One sentence: what was found and what the rule wants."""
         return f"got {self.found}, but should be {self.expected}"
+
+    def violation(self, **evidence: Any) -> Violation:
+        """The breach as the contract check's violation (the one conversion every subject uses)."""
+        return Violation("contract", self.rule, self.found, self.expected, evidence={**self.evidence, **evidence})
 
 
 def resolve_spec(spec: str, kind: str, example: str, error: type[UsageError]) -> Any:

@@ -124,7 +124,6 @@ class RequestState:
     max_new_tokens: int
     tokens: list[int] = field(default_factory=list)
     aborted: bool = False
-    waited: int = 0  # steps in a row without an emission while the engine had room for it
 
     def finished(self, eos: int | None) -> bool:
         return len(self.tokens) >= self.max_new_tokens or bool(self.tokens and self.tokens[-1] == eos)

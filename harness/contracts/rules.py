@@ -2,7 +2,7 @@
 
 Torch-free, because `specaudit.config.xfails` validates a file against it before anything heavy is
 imported (the checks themselves import torch). The checks own the rules; this table only
-names them, and tests/test_rules.py fails when a check emits a rule missing here (it reads the
+names them, and tests/contracts/test_rules.py fails when a check emits a rule missing here (it reads the
 contract rule tables and the rule literals of the check modules).
 """
 

@@ -73,7 +73,7 @@ def draw_weighted(draw: st.DrawFn, options: tuple[str, ...], odds: tuple[int, ..
     """One of `options` by relative `odds`, from one integer draw; it shrinks towards the first.
 
     Hypothesis favours low tickets (the first option) well beyond the odds, so callers' odds are
-    set from the measured shares (tests/test_strategies.py checks the labels they lead to)."""
+    set from the measured shares (tests/search/test_strategies.py checks the labels they lead to)."""
     ticket = draw(st.integers(0, sum(odds) - 1), label=label)
     for option, n in zip(options, odds):
         if ticket < n:

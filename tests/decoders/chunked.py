@@ -159,7 +159,7 @@ class ChunkedSpec:
 
     @staticmethod
     def kept(accepted: torch.Tensor, k: int) -> torch.Tensor:
-        """The round's slots to keep (a hook for the negative control in tests/test_foreign_rows.py)."""
+        """The round's slots to keep (a hook for the negative control in tests/checks/test_foreign_rows.py)."""
         return kept_block(accepted, k)
 
     @staticmethod

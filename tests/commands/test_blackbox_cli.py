@@ -3,8 +3,8 @@
 for bad input (a server not listening, a malformed URL, an engine spec that does not load, a
 target that is not there).
 
-Servers are real HTTP servers on 127.0.0.1 in a thread (`serve` from tests/test_engine_blackbox.py);
-engines named with --engine are the factories below, reached as `tests.test_blackbox_cli:NAME`.
+Servers are real HTTP servers on 127.0.0.1 in a thread (`serve` from tests/adapters/test_engine_blackbox.py);
+engines named with --engine are the factories below, reached as `tests.commands.test_blackbox_cli:NAME`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from specaudit.commands.cli import main
 from specaudit.fixtures.pairs import draft_model, target_model
 from specaudit.reference.engine_mutants import AdmitPositionsFromWidth
 from specaudit.reference.engines import EqSpecEngine
-from tests.test_engine_blackbox import EngineApp, serve  # noqa: F401 (serve: the server fixture)
+from tests.adapters.test_engine_blackbox import EngineApp, serve  # noqa: F401 (serve: the server fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-HERE = "tests.test_blackbox_cli"
+HERE = "tests.commands.test_blackbox_cli"
 FAST = ["--target", "llama", "--requests", "5", "--max-new-tokens", "8", "--seed", "3"]
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from specaudit.search.engine_machine import replay, run_machine
+from specaudit.checks.engine import replay
+from specaudit.search.engine_machine import run_machine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

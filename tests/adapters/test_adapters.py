@@ -18,7 +18,7 @@ from specaudit.running.runner import oracle_continuation, run_case
 from specaudit.search.strategies import pattern_from_rounds
 
 HF = "specaudit.adapters.hf_assisted:HFAssisted"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -21,7 +21,7 @@ from specaudit.search.driver import search
 
 ALL_ACCEPT = tuple([True] * 40)
 ALL_REJECT = tuple([False] * 40)
-HERE = "tests.test_scheduling"
+HERE = "tests.checks.test_scheduling"
 
 
 @pytest.fixture(autouse=True, scope="module")

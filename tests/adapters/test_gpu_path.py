@@ -18,7 +18,7 @@ import torch
 from specaudit.commands.cli import main
 from specaudit.models.loading import resolve_device, worker_device
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--draft-layers", "1"]
 TINY += ["--init-std", "0.2", "--head-std", "0.6"]  # the smoke config of bench/gpu_check.sh
 PROMPTS = ("What is 17 times 23?", "Write a Python function that returns the n-th Fibonacci number.")  # short first

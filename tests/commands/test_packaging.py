@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # builds a wheel and installs it into fresh venvs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 PLANTED = "specaudit.reference.mutants:rejected_kv_attended"
 

@@ -104,7 +104,7 @@ class OffByOnePositions(EqSpec):
         ("specaudit.reference.mutants:bonus_from_draft", "bonus", "equivalence"),
         ("specaudit.reference.mutants:rejected_kv_attended", "kv-drift", "I2"),
         ("specaudit.reference.mutants:draft_cache_not_rolled_back", "output-equivalent", "token-preservation"),
-        ("tests.test_numerics:OffByOnePositions", "position-id", "I2"),
+        ("tests.numerics.test_numerics:OffByOnePositions", "position-id", "I2"),
     ],
 )
 def test_diagnosis_names_the_signature(decoder: str, signature: str, first_check: str) -> None:

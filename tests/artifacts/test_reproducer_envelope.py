@@ -33,7 +33,7 @@ from specaudit.contracts.violation import Violation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-LEGACY = Path(__file__).parent / "data" / "legacy_reproducers"
+LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_reproducers"
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 EQSPEC_ENGINE = "specaudit.reference.engines:EqSpecEngine"
 ENVELOPE_KEYS = ["format", "version", "kind", "subject", "payload", "evidence"]
@@ -102,9 +102,12 @@ def test_legacy_engine_ops_replay_their_failure(capsys: pytest.CaptureFixture[st
 
 
 def test_legacy_blackbox_plan_replays_its_divergence() -> None:
-    """The black-box plan sent again to the planted engine diverges on the requests it recorded."""
+    """The black-box plan sent again to the planted engine diverges on the requests it recorded.
+    The file names the engine where it was when written (`tests.test_blackbox_cli`, before the
+    tests moved into folders), so it is given where it is now, as a user would with --engine."""
     reproducer = load_reproducer(LEGACY / "blackbox.json")
-    outcome = replay(reproducer)
+    assert reproducer.subject["engine"] == "tests.test_blackbox_cli:bad_engine"
+    outcome = replay(reproducer, engine="tests.commands.test_blackbox_cli:bad_engine")
     assert not outcome.passed, outcome.render()
     diverged = sorted(str(i) for i in outcome.to_json()["diverged"])
     assert diverged == sorted(reproducer.evidence["outcome"]["diverged"]), outcome.render()
@@ -185,7 +188,7 @@ PAGED_WORKLOAD = {"new_tokens": 8, "prompts": {"a": [5, 6, 5, 6]}, "arrivals": {
 def test_vllm_paged_writer_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A vLLM white-box run's reproducer keeps its models, workload and first rule; replaying it
     without vLLM installed is a usage error that says where to run it (the vLLM venv runs it:
-    tests/test_vllm_observer.py)."""
+    tests/adapters/test_vllm_observer.py)."""
     found = Violation("paged", "query-positions", "position 9", "position 8", call=3, row=1, slot=8)
     path = save(tmp_path, "paged", paged_reproducer(PAGED_SUBJECT, PAGED_WORKLOAD, [found]))
     back = written_back(path)

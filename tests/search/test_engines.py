@@ -15,27 +15,16 @@ import pytest
 import torch
 from hypothesis.stateful import run_state_machine_as_test
 
+from specaudit.checks.engine import EngineFailure, RowRead, bind_rows, engine_session, replay
 from specaudit.checks.registry import SIGNATURES
 from specaudit.checks.rows import observe
 from specaudit.contracts.engine import EngineLoadError, load_engine
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
 from specaudit.reference.engines import EqSpecEngine
+from specaudit.running.engine_session import EngineSession, Request, Stream
 from specaudit.search.determinism import without_local_constants
-from specaudit.search.engine_machine import (
-    DEFAULT_ENGINES,
-    EngineFailure,
-    EngineSession,
-    Request,
-    RowRead,
-    Stream,
-    bind_rows,
-    event_shares,
-    machine_for,
-    machine_settings,
-    replay,
-    run_machine,
-)
+from specaudit.search.engine_machine import DEFAULT_ENGINES, event_shares, machine_for, machine_settings, run_machine
 from specaudit.search.strategies import pattern_from_rounds
 
 CORRECT_ENGINES = (
@@ -156,7 +145,7 @@ def test_duplicate_prompts_replay_on_a_reference_engine(spec: str) -> None:
     """Three requests with one prompt run side by side (arrivals, an abort): the reference engines
     pass, with several rows of one target call holding that prompt, each judged."""
     assert replay({**BASE, "engine": spec, "ops": DUPLICATE_OPS}) == []
-    session = EngineSession(spec, 2, None, 0)
+    session = engine_session(spec, 2, None, 0)
     try:
         apply(session, DUPLICATE_OPS[:-1])
         session.drain()
@@ -226,7 +215,7 @@ class SwapsOutputs(EqSpecEngine):
 
 @pytest.mark.parametrize(("name", "signature"), [("WrongLastToken", "bonus"), ("SwapsOutputs", "bookkeeping")])
 def test_wrong_token_diagnosis_reruns_the_request_alone(name: str, signature: str) -> None:
-    session = EngineSession(f"{__name__}:{name}", 2, None, 0)
+    session = engine_session(f"{__name__}:{name}", 2, None, 0)
     try:
         with pytest.raises(EngineFailure) as caught:
             session.add(request(0, (5, 6, 7), 4))
@@ -382,7 +371,7 @@ CONTRACT_CASES = {
 
 @pytest.mark.parametrize("name", sorted(CONTRACT_CASES))
 def test_contract_breach_names_its_rule(name: str) -> None:
-    session = EngineSession(f"{__name__}:{name}", 2, None, 0, timeout_s=1.0)
+    session = engine_session(f"{__name__}:{name}", 2, None, 0, timeout_s=1.0)
     try:
         with pytest.raises(EngineFailure) as caught:
             session.add(request())
@@ -394,7 +383,7 @@ def test_contract_breach_names_its_rule(name: str) -> None:
 
 
 def test_tokens_after_abort_break_the_contract() -> None:
-    session = EngineSession(f"{__name__}:TalksAfterAbort", 2, None, 0)
+    session = engine_session(f"{__name__}:TalksAfterAbort", 2, None, 0)
     try:
         session.add(request(max_new=8))
         session.step()
@@ -407,7 +396,7 @@ def test_tokens_after_abort_break_the_contract() -> None:
 
 
 def test_abort_of_unknown_or_finished_ids_does_nothing() -> None:
-    session = EngineSession("specaudit.reference.engines:EqSpecEngine", 2, None, 0)
+    session = engine_session("specaudit.reference.engines:EqSpecEngine", 2, None, 0)
     try:
         session.add(request(max_new=1))
         session.step()  # request 0 finishes at its first token

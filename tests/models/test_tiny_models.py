@@ -18,7 +18,7 @@ from specaudit.models.compat import cache_length, call_model
 ATOL = 1e-9
 PROMPT_LENGTHS = (5, 2, 7)  # left padding: rows 0 and 1 are padded, row 2 is not
 PAD_ID = 0
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _uncached(arch: str, role: str, seed: int, dtype: torch.dtype = torch.float64) -> torch.nn.Module:

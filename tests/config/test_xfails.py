@@ -190,7 +190,7 @@ def test_outputs(specaudit_decoder: str, specaudit_model: str, request: pytest.F
 @pytest.fixture
 def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     monkeypatch.delenv("CI", raising=False)
-    paths = [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
+    paths = [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))  # the test decoders in tests/decoders
     pytester.makepyfile(test_suite=SUITE)
     return pytester

@@ -21,15 +21,12 @@ import torch
 from hypothesis import given, settings
 
 from specaudit.adapters import DecoderEngine
-from specaudit.adapters.engine_blackbox import (
-    EVIDENCE,
+from specaudit.adapters.engine_blackbox import EVIDENCE, arrival_offsets, make_requests, seeded_arrivals
+from specaudit.adapters.transports import (
     CompletionsClient,
-    arrival_offsets,
     audit_callable,
     audit_server,
-    make_requests,
     read_completion,
-    seeded_arrivals,
     staggered_batches,
 )
 from specaudit.fixtures.pairs import draft_model, target_model

@@ -1,6 +1,6 @@
 """EXSPEC and LazySpec: correct for any scheduler settings (every check of the registry),
 grouping observed through the instrumentation. The scheduler checks' negative controls live
-in tests/test_scheduling.py."""
+in tests/checks/test_scheduling.py."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import pytest
 
 from specaudit.contracts.builtins import DEFAULT_DECODERS, MODELS
 
-PROPERTIES = Path(__file__).resolve().parents[1] / "properties"
+PROPERTIES = Path(__file__).resolve().parents[2] / "properties"
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 MUTANT = "specaudit.reference.mutants:rejected_kv_attended"
 FREE_LIST = "specaudit.reference.engine_mutants:FreeListOffByOne"  # a planted engine bug, caught in about a second
@@ -334,8 +334,8 @@ def test_nondeterministic_decoder_gets_its_own_verdict(
 ) -> None:
     """A decoder that fails a case only sometimes fails the suite, told as nondeterminism with its replay rate."""
     monkeypatch.delenv("CI", raising=False)
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
     result = run_properties(pytester, "--decoder", "decoders.flaky:Flaky", "-k", "equivalence")
     assert result.ret == 1, output(result)
     result.stdout.fnmatch_lines(["*nondeterministic decoder: the failing case failed again in ? of 3 fresh runs*"])

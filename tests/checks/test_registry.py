@@ -40,7 +40,7 @@ from specaudit.contracts.violation import Violation
 from specaudit.reference.mutants import BonusFromDraft
 from specaudit.running.runner import run_case
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ACCEPT, REJECT = (True,) * 40, (False,) * 40
 RAGGED = Case(((1, 2, 3), (4, 5)), (ACCEPT, REJECT), 2, 5, None, 0)
 ONE_ROW = Case(((1, 2, 3, 4),), (REJECT,), 3, 6, None, 0)
@@ -81,7 +81,7 @@ def conformance_properties() -> list[tuple[str, Any]]:
 def test_every_check_has_exactly_one_property() -> None:
     """Each registry check of a batch run is claimed by exactly one batch property, and every batch
     property claims one (the engine property runs every check on each step of its state machine;
-    the paged layout is judged on vLLM traces, tests/test_vllm_observer.py)."""
+    the paged layout is judged on vLLM traces, tests/adapters/test_vllm_observer.py)."""
     properties = [(name, test) for name, test in conformance_properties() if not name.startswith("test_engines.")]
     claimed = Counter(getattr(test, "specaudit_check", None) for _, test in properties)
     assert None not in claimed, [name for name, test in properties if not hasattr(test, "specaudit_check")]
@@ -114,7 +114,7 @@ def test_readme_table_is_the_registry() -> None:
 
 def scheduling(name: str) -> tuple[str, Callable[[], Any]]:
     module = importlib.import_module("test_scheduling")
-    return f"tests.test_scheduling:{name}", getattr(module, name)
+    return f"tests.checks.test_scheduling:{name}", getattr(module, name)
 
 
 def grouped_control() -> tuple[str, Callable[[], Any]]:
@@ -139,7 +139,7 @@ NEGATIVE_CONTROLS: dict[str, tuple[Callable[[], tuple[str, Any]], Case]] = {
 
 
 def test_every_check_has_a_negative_control() -> None:
-    """Batch checks here; the paged layout's are vLLM's planted bugs (tests/test_vllm_observer.py)."""
+    """Batch checks here; the paged layout's are vLLM's planted bugs (tests/adapters/test_vllm_observer.py)."""
     assert list(NEGATIVE_CONTROLS) == list(BATCH_ORDER)
     assert [c for c in CHECK_ORDER if c not in BATCH_ORDER] == ["paged"]
 

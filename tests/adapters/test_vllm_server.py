@@ -35,7 +35,7 @@ from specaudit.adapters.vllm_server import (
 from specaudit.config.settings import VllmAuditSettings
 from specaudit.contracts.errors import UsageError
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 HEALTHY = textwrap.dedent(
     """

@@ -8,7 +8,7 @@ requests arriving at different steps and an abort; each planted vLLM bug
 (`specaudit.reference.vllm_mutants`) fails with its rule, and its `output_visible` flag is
 what the output comparison with a batch-size-1 greedy run actually shows.
 
-    .venv-vllm/bin/pytest tests/test_vllm_observer.py -p no:xdist -q
+    .venv-vllm/bin/pytest tests/adapters/test_vllm_observer.py -p no:xdist -q
 """
 
 from __future__ import annotations

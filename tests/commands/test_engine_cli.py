@@ -16,16 +16,17 @@ import pytest
 
 from specaudit.artifacts.audit import audit_engine, audit_plan, engine_plan, planted_engine_bugs
 from specaudit.artifacts.reproducer import load_engine_reproducer
+from specaudit.checks.engine import replay
 from specaudit.commands.cli import main
 from specaudit.config.settings import AuditSettings
 from specaudit.contracts.builtins import MODELS
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
-from specaudit.search.engine_machine import DEFAULT_ENGINES, ENGINE_CHECKS, replay
+from specaudit.search.engine_machine import DEFAULT_ENGINES, ENGINE_CHECKS
 
 EQSPEC_ENGINE = "specaudit.reference.engines:EqSpecEngine"
 ADMIT_POSITIONS = "specaudit.reference.engine_mutants:AdmitPositionsFromWidth"
 FREE_LIST = "specaudit.reference.engine_mutants:FreeListOffByOne"  # caught and shrunk in about a second
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:

@@ -1,0 +1,341 @@
+"""Engine sessions: a step-wise engine on instrumented built-in models, every step recorded.
+
+A session applies the state machine's rules (add a request, step, abort, drain) to one engine
+and keeps the evidence: the instrumented target and draft calls, the engine's book of requests
+(prompt, tokens so far, aborted or finished), and per request its exact history (prompt + the
+oracle's continuation) and, on a tiny real model, that history's batch-size-1 K/V. The contract
+and side-effect guard run here (`engine-*` rules, hooks, models unchanged); what each step means
+is the judge's (`specaudit.checks.engine`), passed in, so that running stays below judging.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections import Counter
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import torch
+
+from specaudit.contracts.builtins import check_model
+from specaudit.contracts.decoder import ContractError, model_changes, model_state, remove_new_hooks
+from specaudit.contracts.engine import EngineBook, build_engine, declared, engine_error, load_engine
+from specaudit.contracts.violation import Violation
+from specaudit.fixtures.pairs import is_exact, target_model
+from specaudit.fixtures.transparent import RequestScript, Script, ScriptedDraft, scripted_draft, transparent_target
+from specaudit.numerics.tolerance import DTYPES
+from specaudit.reference.oracle import kv_rows, reference_kv, truncate
+from specaudit.running.instrument import CallRecord, breach, instrument
+from specaudit.running.runner import oracle_continuation
+
+STEP_TIMEOUT_S = 30.0
+DTYPE = "float64"
+"""Every model runs in float64: the tiny real ones are then exact up to rounding far below any
+greedy margin, so no tie can pass for a bug and I2 holds K/V to `KV_TOLERANCE`'s float64 bound."""
+
+
+class StepJudge(Protocol):
+    """What reads a session's evidence (`specaudit.checks.engine.EngineJudge`)."""
+
+    def step(
+        self,
+        calls: list[CallRecord],
+        eligible: set[int],
+        committed: dict[int, int],
+        crowded: bool,
+        emitted: dict[int, list[int]],
+    ) -> list[Violation]: ...
+
+    def drained(self, budget: int) -> list[Violation]: ...
+
+    def failure(self, violations: list[Violation], reproducer: dict[str, Any]) -> BaseException: ...
+
+
+class NoJudge:
+    """A session that records and judges nothing (a benchmark's, or a probe's)."""
+
+    def __init__(self, session: EngineSession) -> None:
+        del session
+
+    def step(self, *args: Any) -> list[Violation]:
+        return []
+
+    def drained(self, budget: int) -> list[Violation]:
+        return []
+
+    def failure(self, violations: list[Violation], reproducer: dict[str, Any]) -> BaseException:
+        return AssertionError(violations, reproducer)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One add_request rule: what the engine is asked for and what the draft will get right."""
+
+    request_id: int
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    accept: tuple[bool, ...]  # per generated index: the draft proposes the oracle's token
+
+
+@dataclass
+class Tracked:
+    """The harness's view of one request: its exact history and the oracle's answer."""
+
+    request: Request
+    sequence: tuple[int, ...]  # prompt + EOS-blind oracle continuation (past max_new_tokens + K)
+    expected: tuple[int, ...]  # the oracle's output: up to EOS (included) or max_new_tokens
+
+
+@dataclass(frozen=True)
+class Stream:
+    """What a request's row attended in one target call: for the chunk rule."""
+
+    order: int  # the call's place among all calls
+    tokens: list[int]  # attended tokens, past then current (UNKNOWN for a real model's past)
+    kv: torch.Tensor | None  # [L, F] a real model's K/V of those entries
+    step: int = 0  # the engine step it ran in: a round never spans two steps
+
+
+@functools.lru_cache(maxsize=8)
+def session_models(model: str = "transparent") -> tuple[torch.nn.Module, ScriptedDraft]:
+    """The session's target and a scripted draft, built once per process and model (building a
+    model costs more than a short session); each session gives the draft its own script. A tiny
+    real target is a copy of the shared one, so the oracle's and the K/V references' forwards on
+    the shared model are never recorded as the engine's."""
+    if is_exact(model):
+        return transparent_target(), scripted_draft([])
+    return copy.deepcopy(target_model(model, DTYPE)), scripted_draft([])
+
+
+class KVReferences:
+    """A tiny real target's batch-size-1 K/V, for I2 to read a row's past against: each tracked
+    request's history (prompt + oracle continuation), and pad tokens (an idle row's) at least as
+    long, run once on the shared, unhooked target when a request is added."""
+
+    PAD_MARGIN = 16  # pad entries beyond the longest history: an idle row is at most one batch wide
+
+    def __init__(self, model: str, pad_token_id: int) -> None:
+        self.reference_model = target_model(model, DTYPE)
+        self.work = DTYPES[DTYPE]
+        self.pad_token_id = pad_token_id
+        self.refs: dict[int, torch.Tensor] = {}  # request -> [Ls, F] entries of its history
+        self.pads = torch.empty(0)  # [P, F] entries of P pad tokens at positions 0..P-1
+
+    def reference(self, tokens: tuple[int, ...]) -> torch.Tensor:
+        """[n, F] the batch-size-1 entries of `tokens` at positions 0..n-1."""
+        with torch.no_grad():
+            return kv_rows(reference_kv(self.reference_model, tokens)).to(self.work)
+
+    def track(self, request: int, sequence: tuple[int, ...]) -> None:
+        self.refs[request] = self.reference(sequence)
+        if self.pads.shape[0] < len(sequence) + self.PAD_MARGIN:  # a causal model: a prefix's entries are the prefix
+            self.pads = self.reference((self.pad_token_id,) * (len(sequence) + self.PAD_MARGIN))
+
+
+@dataclass
+class EngineSession:
+    """Runs one engine on a built-in target (the transparent one, or a tiny real model in
+    float64) and a scripted draft, recording every step; `judge` (built on the session) reads
+    each step's evidence and says what broke. The models the judge needs, the oracle's
+    continuation and a real model's batch-size-1 K/V of each request, are run here when the
+    request is added, before any judging."""
+
+    spec: str
+    num_draft_tokens: int
+    eos_token_id: int | None
+    pad_token_id: int
+    model: str = "transparent"
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    on_event: Callable[[str], None] | None = None  # hypothesis.event inside the state machine
+    timeout_s: float = STEP_TIMEOUT_S  # per engine call: a step() that hangs fails instead
+    judge: Callable[[EngineSession], StepJudge] | None = None  # None: record only, judge nothing
+
+    def __post_init__(self) -> None:
+        check_model(self.model, dtype=DTYPE)
+        self.target, self.draft = session_models(self.model)
+        self.kv = None if is_exact(self.model) else KVReferences(self.model, self.pad_token_id)
+        self.draft.script = Script([])
+        self.stack = ExitStack()
+        self.recording = self.stack.enter_context(instrument(self.target, self.draft))
+        self.tracked: dict[int, Tracked] = {}
+        self.seen_calls = 0
+        self.unobserved = 0
+        self.last_lengths: dict[int, int] = {}  # live request -> its tokens after the previous step
+        self.failed = False
+        self.events: Counter[str] = Counter()
+        try:
+            engine = build_engine(
+                load_engine(self.spec),
+                self.spec,
+                self.target,
+                self.draft,
+                num_draft_tokens=self.num_draft_tokens,
+                eos_token_id=self.eos_token_id,
+                pad_token_id=self.pad_token_id,
+            )
+        except BaseException:
+            self.stack.close()  # the shared models keep no hook of a session that never started
+            raise
+        self.book = EngineBook(engine, self.eos_token_id, self.timeout_s)
+        self.fingerprints = {"target": model_state(self.target), "draft": model_state(self.draft)}
+        self.max_batch_size = declared(engine, "max_batch_size")
+        self.max_wait_steps = declared(engine, "max_wait_steps")
+        self.verdict: StepJudge = (self.judge or NoJudge)(self)
+
+    def close(self) -> None:
+        self.stack.close()
+
+    def reproducer(self) -> dict[str, Any]:
+        return {
+            "engine": self.spec,
+            "num_draft_tokens": self.num_draft_tokens,
+            "eos_token_id": self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+            "model": self.model,
+            "ops": list(self.ops),
+        }
+
+    def fail(self, violations: list[Violation]) -> None:
+        """Raise the violations, each noting the engine step it broke in (for the diagnosis)."""
+        if violations:
+            self.failed = True
+            stepped = [replace(v, evidence={**v.evidence, "step": self.book.steps}) for v in violations]
+            raise self.verdict.failure(stepped, self.reproducer())
+
+    # -- rules -----------------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        self.ops.append(
+            {
+                "op": "add",
+                "id": request.request_id,
+                "prompt": list(request.prompt),
+                "max_new_tokens": request.max_new_tokens,
+                "accept": "".join("1" if a else "0" for a in request.accept),
+            }
+        )
+        if any(self.tracked[r].request.prompt == request.prompt for r in self.book.live_ids()):
+            self.note("duplicate prompt among concurrent requests")
+        horizon = request.max_new_tokens + self.num_draft_tokens + 2
+        continuation = oracle_continuation(self.model, DTYPE, request.prompt, horizon).tokens
+        expected, _ = truncate(continuation, max_new_tokens=request.max_new_tokens, eos_token_id=self.eos_token_id)
+        self.tracked[request.request_id] = Tracked(request, request.prompt + continuation, expected)
+        if self.kv is not None:
+            self.kv.track(request.request_id, request.prompt + continuation)
+        self.draft.script = self.script()
+
+        def run() -> None:
+            self.book.add(request.request_id, request.prompt, request.max_new_tokens)
+            self.book.check_unfinished()  # a waiting request counts
+
+        self.fail(self.guard(run))
+
+    def script(self) -> Script:
+        """The draft's script: one per prompt, as the draft finds rows by content. Requests that
+        share a prompt follow the first one's acceptance schedule over the longest history."""
+        scripts: dict[tuple[int, ...], RequestScript] = {}
+        for t in self.tracked.values():
+            prompt, continuation = t.request.prompt, t.sequence[len(t.request.prompt) :]
+            known = scripts.get(prompt)
+            if known is None or len(continuation) > len(known.continuation):
+                accept = t.request.accept if known is None else known.accept
+                scripts[prompt] = RequestScript(prompt, continuation, accept)
+        return Script(list(scripts.values()))
+
+    def abort(self, request_id: int) -> None:
+        self.ops.append({"op": "abort", "id": request_id})
+        self.fail(self.guard(lambda: self.book.abort(request_id)))
+
+    def step(self, log: bool = True) -> dict[int, list[int]]:
+        """One engine step, judged; raises the judge's failure on the first broken check."""
+        if log:
+            self.ops.append({"op": "step"})
+        eligible = set(self.book.live_ids())
+        committed = {r: len(self.book.requests[r].prompt) + len(self.book.requests[r].tokens) for r in eligible}
+        crowded = self.max_batch_size is not None and len(eligible) > self.max_batch_size
+        emitted: dict[int, list[int]] = {}
+
+        def run() -> None:
+            emitted.update(self.book.step())
+            self.observed()
+            self.models_unchanged()
+            self.book.check_unfinished()
+
+        violations = self.guard(run)
+        calls = self.new_calls()
+        if not violations:
+            violations = self.verdict.step(calls, eligible, committed, crowded, emitted)
+        self.note_admissions(emitted)
+        self.fail(violations)
+        return emitted
+
+    def drain(self) -> None:
+        """Step until the engine has nothing left; a request that never finishes is a liveness failure."""
+        remaining = sum(t.request.max_new_tokens - len(self.book.requests[r].tokens) for r, t in self.tracked.items())
+        budget = 2 * remaining + 2 * len(self.tracked) + 4
+        for _ in range(budget):
+            if not self.book.live_ids():
+                break
+            self.step(log=False)
+        self.fail(self.verdict.drained(budget))
+        self.fail(self.guard(self.book.check_unfinished))
+
+    # -- the contract and side-effect guard ----------------------------------------------------------------------------
+
+    @staticmethod
+    def guard(action: Any) -> list[Violation]:
+        """Run `action`; a contract breach becomes the step's violation."""
+        try:
+            action()
+        except ContractError as exc:
+            return [exc.violation()]
+        return []
+
+    def observed(self) -> None:
+        """'unobserved-forward' / 'unsupported-input' for the forwards of this step."""
+        problem = breach(self.recording)
+        fresh_unobserved = len(self.recording.unobserved) > self.unobserved
+        self.unobserved = len(self.recording.unobserved)
+        if problem is not None and (problem.rule != "unobserved-forward" or fresh_unobserved):
+            raise engine_error(problem.rule, problem.found, problem.evidence)
+
+    def models_unchanged(self) -> None:
+        """'models-unchanged' after a step; the shared models are repaired (hooks removed) or,
+        if changed otherwise, rebuilt for the next session."""
+        changes = []
+        for role, model in (("target", self.target), ("draft", self.draft)):
+            found = model_changes(role, self.fingerprints[role], model)
+            if found:
+                remove_new_hooks(self.fingerprints[role], model)
+                if any(" left on " not in change for change in found):
+                    session_models.cache_clear()
+            changes += found
+        if changes:
+            raise engine_error("models-unchanged", "; ".join(changes[:6]), {"changes": changes})
+
+    def new_calls(self) -> list[CallRecord]:
+        calls = self.recording.target_calls[self.seen_calls :]
+        self.seen_calls = len(self.recording.target_calls)
+        return calls
+
+    def note(self, what: str) -> None:
+        self.events[what] += 1
+        if self.on_event is not None:
+            self.on_event(what)
+
+    def note_admissions(self, emitted: dict[int, list[int]]) -> None:
+        """Hypothesis events: was a newcomer admitted while the running rows were ragged, i.e.
+        had accepted different numbers of tokens so far (so their lengths differ)?"""
+        newcomers = [r for r in emitted if len(self.book.requests[r].tokens) == len(emitted[r])]
+        running = {r: n for r, n in self.last_lengths.items() if r in emitted and r not in newcomers}
+        if newcomers:
+            if len(set(running.values())) >= 2:
+                self.note("admission into a batch with ragged acceptance")
+            elif running:
+                self.note("admission into a batch with even acceptance")
+            else:
+                self.note("admission into an idle engine")
+        self.last_lengths = {r: len(s.tokens) for r, s in self.book.requests.items() if s.live(self.eos_token_id)}
