@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -166,11 +169,16 @@ def test_oracle_eos_equals_hf_generate_on_tiny_llama() -> None:
     assert result.stop == "eos" and result.tokens[-1] == eos
 
 
-def forwards(model: torch.nn.Module) -> list[int]:
-    """Counts the model's forwards (a hook the caller removes by dropping the model)."""
+@contextmanager
+def forwards(model: torch.nn.Module) -> Iterator[list[int]]:
+    """Counts the model's forwards inside the block; the hook goes with it (the tiny models are
+    shared: a hook left behind is seen by every later test in the process)."""
     calls: list[int] = []
-    model.register_forward_pre_hook(lambda *_: calls.append(1))
-    return calls
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        yield calls
+    finally:
+        handle.remove()
 
 
 ANSWERS = {
@@ -212,6 +220,6 @@ def test_a_right_answer_costs_one_forward() -> None:
     model = build_tiny("llama")
     prompt = (3, 1, 4, 1, 5)
     right = greedy_oracle(model, prompt, max_new_tokens=12, eos_token_id=None).tokens
-    calls = forwards(model)
-    answer_oracle(model, prompt, right, max_new_tokens=12, eos_token_id=None)
+    with forwards(model) as calls:
+        answer_oracle(model, prompt, right, max_new_tokens=12, eos_token_id=None)
     assert len(calls) == 1, f"{len(calls)} forwards for a right 12-token answer, expected 1"
