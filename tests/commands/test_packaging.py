@@ -60,7 +60,7 @@ def test_wheel_holds_only_the_specaudit_import_name(wheel: Path) -> None:
     assert tops == {"specaudit", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}, tops
     layout = {"harness": "specaudit", "reference": "specaudit/reference", "fixtures": "specaudit/fixtures"}
     layout["properties"] = "specaudit/properties"
-    wanted = {"specaudit/data/prompts.jsonl"}
+    wanted = {"specaudit/models/data/prompts.jsonl"}
     for folder, prefix in layout.items():
         for source in (ROOT / folder).rglob("*.py"):
             relative = source.relative_to(ROOT / folder)
