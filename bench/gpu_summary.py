@@ -51,9 +51,10 @@ def read_steps(results: Path) -> dict[str, tuple[str, str]]:
 
 
 def batches_of(report: Any) -> list[dict[str, Any]]:
-    """The per-batch entries, whether report.json is a list of batches or an object holding them."""
+    """The per-batch entries: report.json's envelope (`specaudit.artifacts.report`), or a bare list
+    of batches as written before it."""
     if isinstance(report, dict):
-        report = report.get("batches", [])
+        report = report.get("entries", report.get("batches", []))
     return [b for b in report if isinstance(b, dict) and "diagnosis" in b]
 
 

@@ -35,6 +35,7 @@ import torch
 from hypothesis import strategies as st
 
 from specaudit.adapters.blackbox import dtype_name
+from specaudit.artifacts.report import entry
 from specaudit.checks import RowEquivalence, check_equivalence, equivalence
 from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.case import Case
@@ -261,6 +262,12 @@ class EngineAuditResult:
         if self.engine_error is not None:
             notes.insert(0, f"  engine: {self.engine_error.render()}")
         return "\n".join([summary, *lines, *notes, f"level of evidence: {self.evidence}"])
+
+    def report_entry(self, target: str, **figures: Any) -> dict[str, Any]:
+        """Output level only: the first violation names a request and a token, no signature (no diagnosis)."""
+        subject = {"engine": self.engine, "transport": self.transport, "target": target}
+        first = self.violations[0] if self.violations else None
+        return entry("blackbox", subject, self.passed, first, None, {**figures, **self.to_json()})
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -17,7 +17,6 @@ real models) and its transplant (`transplant_*.json`, see `specaudit.artifacts.t
 from __future__ import annotations
 
 import copy
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -27,12 +26,12 @@ import torch
 
 from specaudit.adapters.realmodel import RealRun, audit_batch, run_batch, run_real, timed_call
 from specaudit.artifacts.audit import merge_statuses
+from specaudit.artifacts.report import entry, write_report
 from specaudit.artifacts.reproducer import write_failure, write_real_failure
 from specaudit.artifacts.transplant import transplant
 from specaudit.checks.diagnosis import Diagnosis, diagnose
 from specaudit.config.settings import RealAuditSettings
 from specaudit.contracts.decoder import load_decoder
-from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import render
 from specaudit.models.loading import load_pair, read_prompts, special_ids, tokenize
 from specaudit.models.pretrained import cache_dir
@@ -171,8 +170,9 @@ def write_reproducers(
 
 
 def batch_report(run: RealRun, diagnosis: Diagnosis, checks: dict[str, str], reproducers: list[str]) -> dict[str, Any]:
-    """One batch as JSON: the diagnosis, each check's status, throughput, sampling and overhead."""
-    return {
+    """One batch's report entry: the diagnosis, each check's status, throughput, sampling and overhead."""
+    subject = {"decoder": run.decoder, "model": run.case.model, "draft": run.case.draft, "batch": run.batch}
+    return entry("real-model batch", subject, diagnosis.passed, diagnosis.first, diagnosis.signature, {
         "decoder": run.decoder,
         "batch": run.batch,
         "diagnosis": diagnosis.to_json(),
@@ -189,7 +189,7 @@ def batch_report(run: RealRun, diagnosis: Diagnosis, checks: dict[str, str], rep
         "record_overhead": _finite(run.record_overhead),
         "check_overhead": _finite(run.check_overhead),
         "reproducers": reproducers,
-    }
+    })  # fmt: skip
 
 
 def overall(
@@ -287,10 +287,6 @@ def run_real_audit(settings: RealAuditSettings) -> int:
         failed += not all(d.passed for d in diagnoses)
     print(f"\n{len(settings.decoders) - failed} passed, {failed} failed")
     if settings.out is not None:
-        try:
-            settings.out.mkdir(parents=True, exist_ok=True)
-            (settings.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-        except OSError as exc:
-            raise UsageError(f"cannot write to --out {settings.out}: {exc.strerror or exc}") from None
+        write_report(settings.out, "audit --target", report)
         print(f"report: {settings.out / 'report.json'}; reproducers under {settings.out / 'repro'}")
     return 1 if failed else 0

@@ -39,6 +39,7 @@ from types import FrameType
 from typing import Any
 
 from specaudit.adapters.vllm_observer import NGRAM
+from specaudit.artifacts.report import entry, write_report
 from specaudit.config.settings import VLLM_CONFIGURATIONS, VLLM_MODEL_NAMES, VllmAuditSettings
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import Violation
@@ -366,8 +367,9 @@ def peak_in_flight(spans: Sequence[tuple[float, float]]) -> int:
     return peak
 
 
-def from_report(report: dict[str, Any]) -> dict[str, Any]:
-    """The figures of a black-box report.json that the vLLM report shows."""
+def from_report(data: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a black-box report.json (its one entry) that the vLLM report shows."""
+    report = data["entries"][0] if "entries" in data else data
     rows = report.get("requests", [])
     spans = [(r["start"], r["end"]) for r in rows if r.get("start") is not None and r.get("end") is not None]
     return {
@@ -428,9 +430,18 @@ def write_reports(settings: VllmAuditSettings, outcomes: Sequence[Outcome], wall
     text = render_markdown(outcomes, header)
     settings.out.mkdir(parents=True, exist_ok=True)
     (settings.out / "report.md").write_text(text)
-    data = {"passed": all(o.passed for o in outcomes), "wall_s": wall_s, "vllm": version, "settings": asdict(settings),
-            "configurations": [o.to_json() for o in outcomes]}  # fmt: skip
-    (settings.out / "report.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    entries = [
+        entry(
+            "vllm configuration",
+            {"model": o.model, "configuration": o.configuration},
+            o.passed,
+            None,
+            None,
+            o.to_json(),
+        )  # fmt: skip
+        for o in outcomes
+    ]
+    write_report(settings.out, "audit-vllm", entries, wall_s=wall_s, vllm=version, settings=asdict(settings))
     return text
 
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specaudit.artifacts.report import entry, write_report
 from specaudit.artifacts.reproducer import EVIDENCE_LIMIT, write_engine_failure, write_failure
 from specaudit.checks import equivalence
 from specaudit.checks.diagnosis import Diagnosis, diagnose
@@ -143,6 +144,13 @@ class Verdict:
             "known_failures": [{"check": c, "rule": r} for c, r in sorted(self.known)],
             "diagnosis": self.diagnosis.to_json() if self.diagnosis else None,
         }
+
+    def report_entry(self) -> dict[str, Any]:
+        d = self.diagnosis
+        subject = {"decoder": self.decoder, "model": self.model}
+        return entry(
+            "decoder", subject, self.passed, d.first if d else None, d.signature if d else None, self.to_json()
+        )
 
 
 class Progress:
@@ -303,10 +311,11 @@ def check_table(verdicts: list[Verdict]) -> list[str]:
     return lines
 
 
-def write_outputs(directory: Path, verdicts: list[Verdict]) -> None:
-    """DIR/report.json and, per failure, its reproducer and regression test under DIR/repro."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "report.json").write_text(json.dumps([v.to_json() for v in verdicts], indent=1) + "\n")
+def write_outputs(directory: Path, verdicts: list[Verdict], engines: list[EngineVerdict]) -> None:
+    """DIR/report.json (decoders, then engines) and, per failure, its reproducer and regression
+    test under DIR/repro."""
+    write_report(directory, "audit", [v.report_entry() for v in [*verdicts, *engines]])
+    write_engine_outputs(directory / "repro", engines, "shrunk by specaudit audit")
     for v in verdicts:
         if v.diagnosis is not None:
             write_failure(directory / "repro", f"{v.decoder}-{v.model}", v.diagnosis, "shrunk by specaudit audit")
@@ -384,6 +393,11 @@ class EngineVerdict:
             "known_failures": [{"check": c, "rule": r} for c, r in self.known],
             "reproducer": self.reproducer,
         }
+
+    def report_entry(self) -> dict[str, Any]:
+        d, first = self.diagnosis, self.violations[0] if self.violations else None
+        subject = {"engine": self.engine, "model": self.model}
+        return entry("engine", subject, self.passed, first, d.signature if d else None, self.to_json())
 
 
 def audit_engine(
@@ -611,11 +625,7 @@ def run_audit(settings: AuditSettings) -> int:
         print(("\n" if verdicts else "") + format_engine_table(engines))
     if settings.out is not None:
         try:
-            write_outputs(settings.out, verdicts)
-            write_engine_outputs(settings.out / "repro", engines, "shrunk by specaudit audit")
-            if engines:
-                report = [v.to_json() for v in verdicts] + [v.to_json() for v in engines]
-                (settings.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+            write_outputs(settings.out, verdicts, engines)
         except OSError as exc:
             raise UsageError(f"cannot write to --out {settings.out}: {exc.strerror or exc}") from None
         print(f"report: {settings.out / 'report.json'}; reproducers under {settings.out / 'repro'}")

@@ -23,6 +23,7 @@ import torch
 
 from specaudit.adapters.engine_blackbox import EngineAuditResult, Request, load_target, make_requests, seeded_arrivals
 from specaudit.adapters.transports import audit_callable, audit_server, is_stepwise
+from specaudit.artifacts.report import write_report
 from specaudit.config.settings import BlackboxSettings
 from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.decoder import resolve_spec
@@ -349,7 +350,7 @@ def blackbox_result(settings: BlackboxSettings, data: dict[str, Any] | None) -> 
         say(f"reproducer written to {repro} (before any request is sent)")
     result = run_plan(plan, model, engine, settings)
     if settings.out is not None and repro is not None:
-        write_json(settings.out / "report.json", {"plan": plan.to_json(), **result.to_json()})
+        write_report(settings.out, "blackbox", [result.report_entry(plan.target, plan=plan.to_json())])
         write_json(repro, blackbox_reproducer(plan.to_json(), outcome_summary(result)).to_json())
         say(f"report written to {settings.out / 'report.json'}")
     return result

@@ -110,7 +110,7 @@ def test_real_audit_of_the_config_pair(pair: Path, prompts_file: Path, tmp_path:
     assert "PASS" in rows["EqSpec"] and "| yes |" in rows["EqSpec"], rows["EqSpec"]
     assert "FAIL" in rows[bug] and "kv-drift" in rows[bug] and "| yes |" in rows[bug], rows[bug]
     report = json.loads((results / "audit" / "float32" / bug / "report.json").read_text())
-    assert report, "the planted bug's report.json holds no batch"
+    assert report["entries"], "the planted bug's report.json holds no batch"
 
 
 def test_summary_flags_a_planted_bug_that_passes(tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ def test_summary_flags_a_planted_bug_that_passes(tmp_path: Path) -> None:
     case = {"requests": [{"prompt": [5, 6, 7]}]}
     batch = {"batch": 0, "outputs": [[1, 2]], "diagnosis": {"passed": True, "verdict": "exact", "exact_match": 1.0}}
     batch["diagnosis"]["case"] = case
-    (run / "report.json").write_text(json.dumps([batch]))
+    (run / "report.json").write_text(json.dumps([batch]))  # a bare list, as written before the envelope
     steps = [
         "step\texit\tseconds\ttimeout",
         "audit/bfloat16/cache_rows_permuted\t0\t3\t60",

@@ -136,8 +136,10 @@ def test_audit_fails_planted_bug_and_writes_reproducers(pair_dirs, prompts_file,
     names = sorted(p.name for p in (tmp_path / "repro").iterdir())
     assert any(n.startswith("real_") for n in names) and any(n.startswith("transplant_") for n in names)
     assert any(n.startswith("test_regression_transplant_") for n in names)  # the CPU transplant is a test too
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = json.loads((tmp_path / "report.json").read_text())["entries"]
     assert len(report) == 2 and not report[0]["diagnosis"]["passed"] and report[0]["reproducers"]
+    assert report[0]["kind"] == "real-model batch" and not report[0]["passed"], report[0]
+    assert report[0]["first"]["check"] == report[0]["diagnosis"]["first_check"], report[0]
     checks = report[0]["checks"]
     assert checks["token-preservation"] == "not applicable" and checks[report[0]["diagnosis"]["first_check"]] == "fail"
     from specaudit.contracts.case import Case

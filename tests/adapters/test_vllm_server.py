@@ -157,8 +157,10 @@ def test_reports_written_with_version_and_verdicts(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "vllm" / "report.json").read_text())
     assert (tmp_path / "vllm" / "report.md").read_text() == text, "report.md differs from the text returned"
     assert "vLLM 0.32.0" in text and data["vllm"] == "0.32.0", f"vLLM version missing: {text.splitlines()[2]}"
-    assert data["passed"] is True and [c["configuration"] for c in data["configurations"]] == ["control", "ngram"]
-    assert data["configurations"][1]["warnings"] == [NOTHING_ACCEPTED], f"{data['configurations'][1]}"
+    configurations = data["entries"]
+    assert data["passed"] is True and [c["configuration"] for c in configurations] == ["control", "ngram"]
+    assert {c["kind"] for c in configurations} == {"vllm configuration"}, configurations
+    assert configurations[1]["warnings"] == [NOTHING_ACCEPTED], f"{configurations[1]}"
 
 
 def test_figures_from_a_blackbox_report() -> None:

@@ -253,3 +253,41 @@ def test_option_the_kind_does_not_take_is_a_usage_error(capsys, name: str, argv:
     assert main(["replay", str(LEGACY / name), *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+# ---------------------------------------------------------------------------------------
+# One report.json for every command
+
+
+def test_report_entries_share_the_verdict_fields(tmp_path: Path) -> None:
+    """Whatever the subject, an entry opens with kind, subject, passed, first and signature."""
+    from specaudit.artifacts.report import entry, load_report, write_report
+    from specaudit.contracts.violation import Violation
+
+    broke = Violation("I2", "attends-wrong-slot", "slot 3", "slot 2", call=2, row=1, slot=3, request=1)
+    entries = [
+        entry("decoder", {"decoder": "d", "model": "m"}, False, broke, "kv-drift", {"cases": 4, "passed": True}),
+        entry("blackbox", {"engine": "e", "transport": "http", "target": "t"}, True, None, None, {}),
+    ]
+    data = load_report(write_report(tmp_path, "audit", entries))
+    assert (data["format"], data["version"], data["command"], data["passed"]) == ("specaudit-report", 1, "audit", False)
+    first, second = data["entries"]
+    assert first["passed"] is False, "a figure named like a shared field does not override it"
+    assert first["first"] == {"check": "I2", "rule": "attends-wrong-slot", "call": 2, "row": 1, "slot": 3, "request": 1}
+    assert (second["kind"], second["first"], second["signature"]) == ("blackbox", None, None), second
+
+
+def test_reports_written_before_the_envelope_load(tmp_path: Path) -> None:
+    """A bare list (audit, real-model audit) and a black-box object load as the envelope."""
+    from specaudit.artifacts.report import load_report
+
+    old_audit = [{"decoder": "d", "model": "m", "diagnosis": None}, {"decoder": "x", "diagnosis": {"passed": False}}]
+    (tmp_path / "a.json").write_text(json.dumps(old_audit))
+    data = load_report(tmp_path / "a.json")
+    assert [e["passed"] for e in data["entries"]] == [True, False] and data["passed"] is False, data
+    (tmp_path / "b.json").write_text(json.dumps({"plan": {}, "passed": True, "engine": "e"}))
+    data = load_report(tmp_path / "b.json")
+    assert data["command"] == "blackbox" and data["entries"][0]["kind"] == "blackbox" and data["passed"], data
+    (tmp_path / "c.json").write_text("{}")
+    with pytest.raises(UsageError, match="not a specaudit report.json"):
+        load_report(tmp_path / "c.json")

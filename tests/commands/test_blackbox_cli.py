@@ -109,7 +109,9 @@ def test_buggy_server_fails_with_reproducer_and_report(serve, tmp_path: Path, ca
     assert main([*argv, "--quiet"]) == 1
     table = capsys.readouterr().out
     assert "FAIL" in table and "DIVERGED" in table and "output level only" in table, table
-    report = json.loads((out / "report.json").read_text())
+    (report,) = json.loads((out / "report.json").read_text())["entries"]
+    assert report["kind"] == "blackbox" and not report["passed"] and report["signature"] is None, report["first"]
+    assert report["first"]["request"] in report["diverged"], report["first"]
     repro = plan_of(out / "repro.json")
     diverged = report["diverged"]
     assert diverged and repro["outcome"]["passed"] is False, report["verdict"]

@@ -102,7 +102,10 @@ def test_audit_of_a_passing_decoder_reports_every_check(tmp_path: Path, capsys: 
                  "--out", str(tmp_path)]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "1 as expected, 0 not" in out and all(check in out for check in BATCH_ORDER)
-    (entry,) = json.loads((tmp_path / "report.json").read_text())
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["format"], report["command"], report["passed"]) == ("specaudit-report", "audit", True), report
+    (entry,) = report["entries"]
+    assert entry["kind"] == "decoder" and entry["passed"] and entry["first"] is None, entry
     assert list(entry["checks"]) == list(BATCH_ORDER) and entry["checks"]["I2"] == "pass"
     assert set(entry["checks"].values()) <= {"pass", "n/a"} and entry["diagnosis"] is None
 
@@ -114,8 +117,9 @@ def test_audit_of_a_failing_decoder_writes_its_reproducer(tmp_path: Path, capsys
                  "--out", str(tmp_path)]) == 1  # fmt: skip
     out = capsys.readouterr().out
     assert "0 as expected, 1 not" in out and "FAIL" in out
-    (entry,) = json.loads((tmp_path / "report.json").read_text())
+    (entry,) = json.loads((tmp_path / "report.json").read_text())["entries"]
     assert entry["checks"]["I2"] == "fail" and entry["diagnosis"]["first_check"] == "I2"
+    assert not entry["passed"] and entry["first"]["check"] == "I2" and entry["signature"] == "kv-drift", entry
     names = sorted(p.name for p in (tmp_path / "repro").iterdir())
     stem = "specaudit_reference_mutants_rejected_kv_attended_transparent"
     assert names == [f"{stem}.json", f"test_regression_{stem}.py"]

@@ -62,8 +62,9 @@ def test_planted_engine_bug_fails_replays_and_minimizes(tmp_path: Path, capsys: 
     assert main([*argv, "--out", str(tmp_path / "a")]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "contract" in out and "has-unfinished" in out, out
-    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    report = json.loads((tmp_path / "a" / "report.json").read_text())["entries"]
     assert [r["kind"] for r in report] == ["engine"] and report[0]["rule"] == "has-unfinished", report
+    assert report[0]["first"]["rule"] == "has-unfinished" and report[0]["signature"] == "contract", report[0]
     reproducer = only_json(tmp_path / "a" / "repro")
     written = json.loads(reproducer.read_text())
     assert written["kind"] == "engine-ops" and written["payload"]["ops"], written
