@@ -94,3 +94,43 @@ def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
     path.write_text("def f():\n    from specaudit.commands.cli import main\n")
     found = [(name, target_layer(name)) for name, _ in imported(path)]
     assert found == [("commands.cli.main", len(LAYERS) - 1)] and layer_of("contracts.errors") == 0, found
+
+
+MODEL_RUNNERS = frozenset(
+    "greedy_oracle reference_kv call_model run_case run_batch judge_divergence calibrate instrument"
+    " EngineSession".split()
+)
+"""What runs a model (or a decoder or engine on one). A check reads the run; the model runs it
+needs are the run's to make (`Run.again`, `Run.oracle_from`, `Run.entries`, `Run.score_divergence`)."""
+RUNS_A_MODEL_BY_DESIGN = {("checks.engine", "EngineSession"): "replay: a rule sequence judged again, for the diagnosis"}
+"""The one exception, until engines get a run record of their own: an engine failure's
+diagnosis replays its request alone (the engine analogue of `Run.again`)."""
+
+
+def model_runners(path: Path) -> Iterator[tuple[str, int]]:
+    """(name, line) for each model-running name a module imports, at any depth."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            yield from ((a.name, node.lineno) for a in node.names if a.name in MODEL_RUNNERS)
+
+
+def test_checks_run_no_model() -> None:
+    found = [
+        f"{module} imports {name} at line {line}"
+        for module, path in modules()
+        if layer_of(module) == layer_index("checks")
+        for name, line in model_runners(path)
+        if (module, name) not in RUNS_A_MODEL_BY_DESIGN
+    ]
+    assert not found, "checks that run a model themselves (ask the run instead):\n" + "\n".join(found)
+
+
+def test_the_model_run_check_sees_one(tmp_path: Path) -> None:
+    """The negative control: a check importing the oracle is reported."""
+    path = tmp_path / "check.py"
+    path.write_text("from specaudit.reference.oracle import greedy_oracle\n")
+    assert list(model_runners(path)) == [("greedy_oracle", 1)]
+
+
+def layer_index(name: str) -> int:
+    return next(i for i, (layer, _) in enumerate(LAYERS) if layer == name)

@@ -29,6 +29,7 @@ from specaudit.checks import check_i1, check_i2
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import load_decoder
 from specaudit.numerics.calibration import NoiseFloor
+from specaudit.running.runner import Derived
 
 TIMEOUT_S = 600.0
 REFERENCES = ("oracle", "rerun")
@@ -69,7 +70,7 @@ class OverheadRow:
 
 def without_kept_kv(run: RealRun) -> RealRun:
     """The same run as the old reference path sees it: no kept oracle cache, nothing memoized."""
-    return replace(run, oracle=[replace(o, kv=None) for o in run.oracle], memo={})
+    return replace(run, oracle=[replace(o, kv=None) for o in run.oracle], derived=Derived())
 
 
 def timed_checks(run: RealRun) -> float:

@@ -81,9 +81,9 @@ def batch_line(run: RealRun, diagnosis: Diagnosis) -> str:
 
 def numerics_line(run: RealRun) -> str:
     """The rows that are equivalent modulo numerics: where they took the other side of a tie, by how much."""
-    if run.outputs is None or "equivalence" not in run.memo:
+    if run.outputs is None or run.derived.equivalence is None:
         return ""
-    rows = [r for r in run.memo["equivalence"].rows if r.ties]
+    rows = [r for r in run.derived.equivalence.rows if r.ties]
     return "; ".join(f"row {r.row}: {r.numerics()}" for r in rows)
 
 

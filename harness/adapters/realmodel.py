@@ -27,7 +27,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +138,6 @@ class RealRun(Run):
     baseline_outputs: list[list[int]] | None = None
     oracle_seconds: float = 0.0  # batch-size-1 greedy decoding of this batch's prompts
     check_seconds: float = math.nan  # I1 + I2, filled in by `audit_batch`
-    # the same decoder and models on another case (diagnosis re-runs a row at batch size 1)
-    rerun: Callable[[Case], Run] | None = field(default=None, repr=False)
 
     @property
     def new_tokens(self) -> int:

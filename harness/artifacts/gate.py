@@ -60,7 +60,10 @@ from specaudit.config.settings import GateSettings
 from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.engine import load_engine
 from specaudit.contracts.errors import UsageError
-from specaudit.contracts.violation import Violation, render
+from specaudit.contracts.violation import render
+
+Subject = Verdict | EngineVerdict
+"""What the gate judges: a decoder on a model, or an engine through the state machine on one."""
 
 
 @dataclass(frozen=True)
@@ -72,62 +75,87 @@ class Failure:
     details: str
 
 
+@dataclass(frozen=True)
+class Judged:
+    """One verdict as the gate judged it, so the testcase and the counts read one decision: its
+    report entry (the shared verdict fields, then the kind's figures), why it fails the gate
+    (None: it passes) and the (check, rule) of the known failures it met."""
+
+    verdict: Subject
+    entry: dict[str, Any]
+    failure: Failure | None
+    known: list[tuple[str, str]]
+
+    @property
+    def skipped(self) -> bool:
+        """Passing only through known failures: a JUnit xfail."""
+        return self.failure is None and bool(self.known)
+
+
 def describe(settings: GateSettings) -> str:
     known = f"{len(settings.xfails)} known failure entr{'y' if len(settings.xfails) == 1 else 'ies'}"
     return f"every check must pass except {known}; exact-row rate >= {settings.min_exact_match:g}"
 
 
-def new_violations(verdict: Verdict, settings: GateSettings) -> list[Violation]:
-    """The diagnosed case's violations that no --xfails entry covers."""
-    if verdict.diagnosis is None:
-        return []
-    return [
-        v
-        for v in verdict.diagnosis.violations
-        if not settings.xfails.matches(verdict.decoder, verdict.model, v.check, v.rule)
-    ]
+def judge(v: Subject, settings: GateSettings) -> Judged:
+    """`v` against the thresholds. A failing verdict fails the gate, except an engine whose every
+    violation is known (its machine stopped there); a decoder's search already went past its
+    known failures, and a passing decoder can still miss --min-exact-match."""
+    e, known = v.report_entry(), known_failures(v, settings)
+    if isinstance(v, Verdict):
+        failure = below_threshold(v, settings) if e["passed"] else decoder_failure(v, settings)
+    else:
+        failure = None if e["passed"] or known else engine_failure(v)
+    return Judged(v, e, failure, known)
 
 
-def judge(verdict: Verdict, settings: GateSettings) -> Failure | None:
-    """Why `verdict` fails the gate, or None when it passes (known failures included)."""
+def known_failures(v: Subject, settings: GateSettings) -> list[tuple[str, str]]:
+    """(check, rule) of the known failures `v` met, sorted: those a decoder's search went past; an
+    engine's violations only when --xfails lists every one of them (on its model)."""
+    if isinstance(v, Verdict):
+        return sorted(v.known)
+    listed = [settings.xfails.matches(v.engine, v.model, x.check, x.rule) for x in v.violations]
+    return sorted({(x.check, x.rule) for x in v.violations}) if listed and all(listed) else []
+
+
+def decoder_failure(verdict: Verdict, settings: GateSettings) -> Failure:
+    """A failing decoder's first violation that no --xfails entry covers (else its first), with its
+    full diagnosis."""
     d = verdict.diagnosis
-    if d is not None:
-        new = new_violations(verdict, settings)
-        first = new[0] if new else d.first
-        check = first.check if first else d.first_check
-        message = f"{check} violated ({d.signature}): {first.render() if first else d.reason}"
-        return Failure(check or "failure", message, d.render())
+    assert d is not None  # a decoder fails exactly when it has a diagnosis
+    new = [x for x in d.violations if not settings.xfails.matches(verdict.decoder, verdict.model, x.check, x.rule)]
+    first = new[0] if new else d.first
+    check = first.check if first else d.first_check
+    message = f"{check} violated ({d.signature}): {first.render() if first else d.reason}"
+    return Failure(check or "failure", message, d.render())
+
+
+def below_threshold(verdict: Verdict, settings: GateSettings) -> Failure | None:
+    """A passing decoder whose exact-row rate is below --min-exact-match, else None."""
     rate = verdict.exact_match
-    if rate is not None and rate < settings.min_exact_match:
-        message = (
-            f"exact-row rate {rate:.3f} ({verdict.exact_rows}/{verdict.rows}) is below "
-            f"--min-exact-match {settings.min_exact_match:g}"
-        )
-        return Failure("threshold", message, message)
-    return None
+    if rate is None or rate >= settings.min_exact_match:
+        return None
+    message = (
+        f"exact-row rate {rate:.3f} ({verdict.exact_rows}/{verdict.rows}) is below "
+        f"--min-exact-match {settings.min_exact_match:g}"
+    )
+    return Failure("threshold", message, message)
 
 
-def known_message(verdict: Verdict) -> str:
-    return "known failures: " + ", ".join(f"{check} {rule}" for check, rule in sorted(verdict.known))
+def engine_failure(v: EngineVerdict) -> Failure:
+    """A failing engine's first violation, with all of them and its shrunk rules."""
+    first = v.violations[0]
+    rules = len(v.reproducer["ops"]) if v.reproducer else 0
+    details = f"after {rules} rules:\n{render(v.violations)}\nreproducer: {json.dumps(v.reproducer)}"
+    return Failure(first.check, f"{first.check} violated: {first.render()}", details)
 
 
-def junit_xml(
-    verdicts: list[Verdict],
-    settings: GateSettings,
-    reproducers: dict[int, list[Path]],
-    engines: list[EngineVerdict] | None = None,
-    engine_reproducers: dict[int, list[Path]] | None = None,
-) -> ET.ElementTree:
-    """One <testsuite name="specaudit-gate"> with one <testcase> per decoder x model, then one per engine."""
-    engines = engines or []
-    failures = [judge(v, settings) for v in verdicts]
-    engine_failures = [judge_engine(v, settings) for v in engines]
-    failed = sum(f is not None for f in failures + engine_failures)
-    skipped = sum(f is None and bool(v.known) for f, v in zip(failures, verdicts))
-    skipped += sum(f is None and bool(engine_known(v, settings)) for f, v in zip(engine_failures, engines))
-    total = f"{sum(v.seconds for v in verdicts) + sum(v.run.seconds for v in engines):.3f}"
-    tests = str(len(verdicts) + len(engines))
-    counts = {"tests": tests, "failures": str(failed), "errors": "0", "skipped": str(skipped)}
+def junit_xml(judged: list[Judged], settings: GateSettings, reproducers: list[list[Path]]) -> ET.ElementTree:
+    """One <testsuite name="specaudit-gate"> with one <testcase> per verdict (decoders x models, then engines)."""
+    failed = sum(j.failure is not None for j in judged)
+    total = f"{sum(j.entry['seconds'] for j in judged):.3f}"
+    counts = {"tests": str(len(judged)), "failures": str(failed), "errors": "0"}
+    counts["skipped"] = str(sum(j.skipped for j in judged))
     suites = ET.Element("testsuites", name="specaudit gate", **counts, time=total)
     suite = ET.SubElement(
         suites,
@@ -147,95 +175,61 @@ def junit_xml(
     }
     for name, value in suite_props.items():
         ET.SubElement(props, "property", name=name, value=value)
-    for i, (v, failure) in enumerate(zip(verdicts, failures)):
-        testcase(suite, v, failure, reproducers.get(i, []))
-    for i, (e, failure) in enumerate(zip(engines, engine_failures)):
-        engine_testcase(suite, e, failure, engine_known(e, settings), (engine_reproducers or {}).get(i, []))
+    for j, paths in zip(judged, reproducers):
+        testcase(suite, j, paths)
     ET.indent(suites)
     return ET.ElementTree(suites)
 
 
-def testcase(suite: ET.Element, v: Verdict, failure: Failure | None, reproducers: list[Path]) -> None:
-    """One decoder x model: its measurements and check statuses as properties, then its outcome."""
-    case = ET.SubElement(suite, "testcase", classname=f"specaudit.{v.decoder}", name=v.model, time=f"{v.seconds:.3f}")
-    d = v.diagnosis
-    measured = v.to_json()
-    values = {
-        "decoder": v.decoder,
-        "model": v.model,
-        "cases": str(v.examples),
-        "exact_rows": f"{v.exact_rows}/{v.rows}",
-        "exact_match": _number(measured["exact_match"]),
-        "partial_match": _number(measured["partial_match"]),
-        "tokens_per_second": _number(measured["tokens_per_second"]),
-        "instrumentation_overhead": _number(measured["instrumentation_overhead"]),
-        "first_check": (d.first_check or "") if d else "",
-        "signature": (d.signature or "") if d else "",
-        "verdict": d.verdict if d else "pass",
-        **{f"check:{check}": status for check, status in v.checks.items()},
-    }
-    outcome(case, values, failure, known_message(v) if v.known else None, reproducers)
-
-
-def outcome(
-    case: ET.Element, values: dict[str, str], failure: Failure | None, known: str | None, reproducers: list[Path]
-) -> None:
-    """A testcase's properties, then its failure, or its xfail when only known failures, and reproducers."""
+def testcase(suite: ET.Element, j: Judged, reproducers: list[Path]) -> None:
+    """One verdict: the shared verdict fields and the kind's own as properties, then its failure,
+    or its xfail when only known failures, and its reproducers."""
+    e = j.entry
+    spec, model = e["subject"][e["kind"]], e["subject"]["model"]
+    name = model if e["kind"] == "decoder" else f"engine-machine[{model}]"
+    case = ET.SubElement(suite, "testcase", classname=f"specaudit.{spec}", name=name, time=f"{e['seconds']:.3f}")
     case_props = ET.SubElement(case, "properties")
-    for name, value in values.items():
-        ET.SubElement(case_props, "property", name=name, value=value)
-    if failure is not None:
-        element = ET.SubElement(case, "failure", message=failure.message, type=failure.kind)
-        element.text = failure.details
-    elif known is not None:
-        ET.SubElement(case, "skipped", type="xfail", message=known)
+    for key, value in properties(j.verdict, e).items():
+        ET.SubElement(case_props, "property", name=key, value=value)
+    if j.failure is not None:
+        element = ET.SubElement(case, "failure", message=j.failure.message, type=j.failure.kind)
+        element.text = j.failure.details
+    elif j.known:
+        known = ", ".join(f"{check} {rule}" for check, rule in j.known)
+        ET.SubElement(case, "skipped", type="xfail", message=f"known failures: {known}")
     if reproducers:
         out = ET.SubElement(case, "system-out")
         out.text = "\n".join(f"reproducer written to {path}" for path in reproducers)
 
 
-def engine_known(v: EngineVerdict, settings: GateSettings) -> list[Violation]:
-    """The engine's violations when --xfails lists every one of them (on its model), else []."""
-    known = [x for x in v.violations if settings.xfails.matches(v.engine, v.model, x.check, x.rule)]
-    return known if v.violations and len(known) == len(v.violations) else []
-
-
-def judge_engine(v: EngineVerdict, settings: GateSettings) -> Failure | None:
-    """Why an engine fails the gate: its first violation, unless all of them are known failures."""
-    if v.passed or engine_known(v, settings):
-        return None
-    first = v.violations[0]
-    rules = len(v.reproducer["ops"]) if v.reproducer else 0
-    details = f"after {rules} rules:\n{render(v.violations)}\nreproducer: {json.dumps(v.reproducer)}"
-    return Failure(first.check, f"{first.check} violated: {first.render()}", details)
-
-
-def engine_testcase(
-    suite: ET.Element, v: EngineVerdict, failure: Failure | None, known: list[Violation], reproducers: list[Path]
-) -> None:
-    """One engine: the state machine's runs, the admission events and the outcome."""
-    case = ET.SubElement(
-        suite,
-        "testcase",
-        classname=f"specaudit.{v.engine}",
-        name=f"engine-machine[{v.model}]",
-        time=f"{v.run.seconds:.3f}",
-    )
-    j = v.to_json()
-    values = {
-        "engine": v.engine,
-        "model": v.model,
-        "runs": str(v.run.runs),
-        "rules": str(v.run.rules),
-        "runs_to_failure": "" if j["runs_to_failure"] is None else str(j["runs_to_failure"]),
-        "shrunk_rules": "" if j["minimized_rules"] is None else str(j["minimized_rules"]),
-        "first_check": j["first_check"] or "",
-        "rule": j["rule"] or "",
-        "verdict": "pass" if v.passed else "fail",
-        **{f"event:{what}": f"{share:.3f}" for what, share in v.run.events.items()},
+def properties(v: Subject, e: dict[str, Any]) -> dict[str, str]:
+    """The kind and subject, the kind's figures, the shared verdict fields, then the kind's statuses
+    (a decoder's checks, an engine's admission events)."""
+    if isinstance(v, Verdict):
+        figures, statuses = decoder_figures(v, e), {f"check:{c}": status for c, status in e["checks"].items()}
+    else:
+        figures, statuses = engine_figures(e), {f"event:{w}": f"{share:.3f}" for w, share in e["events"].items()}
+    first = e["first"] or {}
+    shared = {
+        "first_check": first.get("check") or "",
+        "rule": first.get("rule") or "",
+        "signature": e["signature"] or "",
+        # a failing decoder's says how its output went wrong ("diverged", "violated", ...)
+        "verdict": "pass" if e["passed"] else e["diagnosis"]["verdict"] if e["kind"] == "decoder" else "fail",
     }
-    message = "known failures: " + ", ".join(sorted({f"{x.check} {x.rule}" for x in known})) if known else None
-    outcome(case, values, failure, message, reproducers)
+    return {"kind": e["kind"], **e["subject"], **figures, **shared, **statuses}
+
+
+def decoder_figures(v: Verdict, e: dict[str, Any]) -> dict[str, str]:
+    """A decoder's measurements (its exact-row count is the verdict's, the rest the entry's figures)."""
+    rates = ("exact_match", "partial_match", "tokens_per_second", "instrumentation_overhead")
+    return {"cases": str(e["cases"]), "exact_rows": f"{v.exact_rows}/{v.rows}", **{k: _number(e[k]) for k in rates}}
+
+
+def engine_figures(e: dict[str, Any]) -> dict[str, str]:
+    """An engine's measurements, all the entry's figures ("" for a count a passing run lacks)."""
+    names = {"runs": "runs", "rules": "rules", "runs_to_failure": "runs_to_failure", "shrunk_rules": "minimized_rules"}
+    return {name: "" if e[key] is None else str(e[key]) for name, key in names.items()}
 
 
 def _number(value: Any) -> str:
@@ -249,34 +243,29 @@ def check_outputs(settings: GateSettings) -> None:
         raise UsageError(f"--out {settings.out} exists and is not a directory")
 
 
-def write_outputs(
-    verdicts: list[Verdict], settings: GateSettings, engines: list[EngineVerdict] | None = None
-) -> dict[int, list[Path]]:
-    """The reproducers of the failing testcases, then the JUnit XML; returns the reproducers' paths
-    (the engines' after the decoders', numbered on)."""
-    reproducers: dict[int, list[Path]] = {}
-    engine_reproducers: dict[int, list[Path]] = {}
-    engines = engines or []
+def write_reproducer(v: Subject, out: Path) -> list[Path]:
+    """A failing verdict's shrunk case and regression test in `out` ([] when there is none)."""
+    if isinstance(v, Verdict):
+        if v.diagnosis is None:
+            return []
+        return write_failure(out, f"{v.decoder}-{v.model}", v.diagnosis, "shrunk by Hypothesis in specaudit gate")
+    if v.reproducer is None:
+        return []
+    return write_engine_failure(out, engine_file_name(v), v.reproducer, v.violations, "shrunk in specaudit gate")
+
+
+def write_outputs(judged: list[Judged], settings: GateSettings) -> list[list[Path]]:
+    """The reproducers of the failing testcases, then the JUnit XML; returns each verdict's reproducers."""
     try:
-        for i, v in enumerate(verdicts):
-            if v.diagnosis is not None:
-                name = f"{v.decoder}-{v.model}"
-                reproducers[i] = write_failure(
-                    settings.out, name, v.diagnosis, "shrunk by Hypothesis in specaudit gate"
-                )
-        for i, e in enumerate(engines):
-            if e.reproducer is not None:
-                engine_reproducers[i] = write_engine_failure(
-                    settings.out, engine_file_name(e), e.reproducer, e.violations, "shrunk in specaudit gate"
-                )
-        tree = junit_xml(verdicts, settings, reproducers, engines, engine_reproducers)
+        reproducers = [write_reproducer(j.verdict, settings.out) for j in judged]
+        tree = junit_xml(judged, settings, reproducers)
         settings.junit.parent.mkdir(parents=True, exist_ok=True)
         tree.write(settings.junit, encoding="utf-8", xml_declaration=True)
     except OSError as exc:
         raise UsageError(
             f"cannot write the gate's output: {exc.filename or ''} {exc.strerror or exc}".strip()
         ) from None
-    return {**reproducers, **{len(verdicts) + i: paths for i, paths in engine_reproducers.items()}}
+    return reproducers
 
 
 def decoders_line(settings: GateSettings) -> str:
@@ -315,21 +304,20 @@ def run_gate(settings: GateSettings) -> int:
         print(format_table(verdicts))
     if engines:
         print(("\n" if verdicts else "") + format_engine_table(engines))
-    reproducers = write_outputs(verdicts, settings, engines)
-    failures = [judge(v, settings) for v in verdicts]
-    for v, failure in zip(verdicts, failures):
-        if failure is not None and failure.kind == "threshold":
-            print(f"{v.decoder} on {v.model}: {failure.message}")
-    engine_failures = [judge_engine(e, settings) for e in engines]
-    failed = sum(f is not None for f in failures + engine_failures)
-    known = sum(f is None and bool(v.known) for f, v in zip(failures, verdicts))
-    known += sum(f is None and bool(engine_known(e, settings)) for f, e in zip(engine_failures, engines))
+    judged = [judge(v, settings) for v in [*verdicts, *engines]]
+    reproducers = write_outputs(judged, settings)
+    for j in judged:
+        if j.failure is not None and j.failure.kind == "threshold":
+            subject = j.entry["subject"]
+            print(f"{subject[j.entry['kind']]} on {subject['model']}: {j.failure.message}")
+    failed = sum(j.failure is not None for j in judged)
+    known = sum(j.skipped for j in judged)
     print(
-        f"\n{len(verdicts) + len(engines) - failed - known} passed, {known} known failure(s), {failed} failed: "
+        f"\n{len(judged) - failed - known} passed, {known} known failure(s), {failed} failed: "
         f"gate {'FAILED' if failed else 'PASSED'}"
     )
     print(f"JUnit XML: {settings.junit}")
-    for paths in reproducers.values():
+    for paths in reproducers:
         for path in paths:
             print(f"reproducer: {path}")
     for line in settings.xfails.unused_lines():  # stale or too narrow entries: told, not fatal

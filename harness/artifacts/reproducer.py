@@ -34,12 +34,14 @@ from typing import Any
 from specaudit.checks.diagnosis import Diagnosis
 from specaudit.checks.engine import diagnose_engine
 from specaudit.checks.engine import replay as replay_rules
+from specaudit.checks.registry import all_violations
 from specaudit.contracts.builtins import MODELS, check_model
 from specaudit.contracts.case import CASE_FORMAT, ENVELOPE_FORMAT, Case, CaseFormatError
+from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.item import FAILURE
 from specaudit.contracts.violation import Violation, render
-from specaudit.running.runner import Run
+from specaudit.running.runner import Run, run_case
 
 EVIDENCE_LIMIT = 20
 """Violations kept in a reproducer: the first ones name the bug; the rest repeat it."""
@@ -266,6 +268,15 @@ def write_engine_failure(
         test_path.write_text(engine_regression_test_source(reproducer, violations, name, summary))
         paths.append(test_path)
     return paths
+
+
+def replay_failures(spec: str, case: Case, factory: Any = None, n: int = 5) -> int:
+    """How many of `n` fresh runs of `case` fail a check: 0 or n for a deterministic decoder.
+
+    Anything in between is a nondeterministic decoder; report it with the rate k/n.
+    """
+    factory = factory or load_decoder(spec)
+    return sum(bool(all_violations(run_case(spec, case, factory=factory))) for _ in range(n))
 
 
 def replay_engine_rules(reproducer: dict[str, Any]) -> list[Violation]:

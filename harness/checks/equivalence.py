@@ -16,9 +16,8 @@ from specaudit.checks.contract import check_contract
 from specaudit.checks.i2 import row_views
 from specaudit.checks.rows import RowView, common_prefix
 from specaudit.contracts.violation import Violation
-from specaudit.numerics.calibration import Witness, judge_divergence
+from specaudit.numerics.calibration import Witness
 from specaudit.numerics.tolerance import DTYPES, TIE_TOLERANCE
-from specaudit.reference.oracle import greedy_oracle
 from specaudit.running.runner import Run
 
 
@@ -109,7 +108,7 @@ def judge(run: Run, prefix: tuple[int, ...], index: int, found: int, expected: i
     floor = run.noise
     if floor is None:
         return Witness(index, margin, TIE_TOLERANCE[DTYPES[run.case.dtype]], f"{run.case.dtype} oracle margin")
-    return judge_divergence(floor.witness or run.target, prefix, index, found, expected, floor)
+    return run.score_divergence(prefix, index, found, expected)
 
 
 def compare_row(run: Run, r: int) -> RowEquivalence:
@@ -129,9 +128,7 @@ def compare_row(run: Run, r: int) -> RowEquivalence:
             break
         prefix = case.prompts[r] + found[: i + 1]
         rest = max(case.max_new_tokens - i - 1, 0)
-        resync = (
-            greedy_oracle(run.target, prefix, max_new_tokens=rest, eos_token_id=case.eos_token_id) if rest else None
-        )
+        resync = run.oracle_from(prefix, rest) if rest else None
         reference = found[: i + 1] + (resync.tokens if resync else ())
         margins = margins[: i + 1] + (resync.margins if resync else ())
         i = common_prefix(found, reference)
@@ -144,9 +141,9 @@ def compare_row(run: Run, r: int) -> RowEquivalence:
 
 def equivalence(run: Run) -> Equivalence:
     assert run.outputs is not None
-    if "equivalence" not in run.memo:
-        run.memo["equivalence"] = Equivalence(tuple(compare_row(run, r) for r in range(len(run.outputs))))
-    return run.memo["equivalence"]
+    if run.derived.equivalence is None:
+        run.derived.equivalence = Equivalence(tuple(compare_row(run, r) for r in range(len(run.outputs))))
+    return run.derived.equivalence
 
 
 def locate(run: Run, request: int, index: int) -> tuple[int | None, RowView | None]:

@@ -99,11 +99,11 @@ def violation(fault: Fault, pad: int) -> Violation:
 
 def row_views(run: Run) -> tuple[list[RowView], list[Violation]]:
     """Every row of every target call bound to its request, and the I2 violations (memoized)."""
-    if "views" not in run.memo:
+    if run.derived.views is None:
         trace = follow_rows(run)
         pad = run.case.pad_token_id
-        run.memo["views"] = list(trace.views), [violation(f, pad) for f in trace.faults]
-    return run.memo["views"]
+        run.derived.views = list(trace.views), [violation(f, pad) for f in trace.faults]
+    return run.derived.views
 
 
 def check_i2(run: Run) -> list[Violation]:

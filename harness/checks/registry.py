@@ -41,15 +41,13 @@ from specaudit.checks.scheduling import (
     check_grouped_no_realignment,
     check_liveness,
     declared_bound,
-    decoder_factory,
     grouped_pairs,
     order_independence,
 )
 from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.case import Case
-from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.violation import Violation
-from specaudit.running.runner import Run, run_case
+from specaudit.running.runner import Run
 
 SIGNATURES = (
     "position-id",
@@ -133,14 +131,6 @@ def single_row(case: Case, row: int) -> Case:
     return replace(case, prompts=(case.prompts[row],), accept=(case.accept[row],), extra_pad_columns=0)
 
 
-def rerun_alone(run: Run, row: int) -> Run:
-    """The decoder the user gave, on one row of the case: real-model runs know how to re-run
-    themselves (same models); otherwise the run's own factory (not the class of its object)."""
-    alone = single_row(run.case, row)
-    rerun = getattr(run, "rerun", None)
-    return rerun(alone) if rerun is not None else run_case(run.decoder, alone, factory=decoder_factory(run))
-
-
 def equivalence_signature(first: Violation, run: Run) -> Signature:
     """A wrong stop is bookkeeping; dropped verified KV is drift; else re-run the row alone: an
     invariant broken there names it, a wrong token there is a bonus error, none is bookkeeping."""
@@ -150,7 +140,7 @@ def equivalence_signature(first: Violation, run: Run) -> Signature:
         return "bookkeeping", f"row {row} stops at the wrong place ({found.found_stop} vs {found.expected_stop})"
     if any(v.rule == "verified-kept" for v in judge("token-preservation", run).violations):
         return "kv-drift", "verified tokens' KV was dropped from the cache and the output went wrong"
-    alone = rerun_alone(run, row)
+    alone = run.again(single_row(run.case, row))
     seen = evaluate(alone).first_failure
     wrong = alone.outputs is not None and judge("equivalence", alone).status == FAIL
     return alone_signature(row, seen.violations[0] if seen is not None else None, wrong, alone)
@@ -331,8 +321,8 @@ class Outcome:
 
 
 def judge(name: str, run: Run) -> Outcome:
-    """Check `name` on `run`, computed once per run (kept in `run.memo`)."""
-    outcomes = run.memo.setdefault("outcomes", {})
+    """Check `name` on `run`, computed once per run (kept in `run.derived`)."""
+    outcomes = run.derived.outcomes
     if name not in outcomes:
         outcomes[name] = _judge(check_named(name), run)
     return outcomes[name]
@@ -425,12 +415,3 @@ def markdown_table() -> str:
             when = "any batch run: it judges an in-process vLLM trace (`specaudit observe-vllm`, `make test-vllm`)"
         lines.append(f"| `{check.name}` | {check.title} | {check.statement} | {when} |")
     return "\n".join(lines)
-
-
-def replay_failures(spec: str, case: Case, factory: Any = None, n: int = 5) -> int:
-    """How many of `n` fresh runs of `case` fail a check: 0 or n for a deterministic decoder.
-
-    Anything in between is a nondeterministic decoder; report it with the rate k/n.
-    """
-    factory = factory or load_decoder(spec)
-    return sum(bool(all_violations(run_case(spec, case, factory=factory))) for _ in range(n))

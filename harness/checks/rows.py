@@ -49,7 +49,6 @@ from specaudit.checks.i1 import implied_positions
 from specaudit.fixtures.pairs import is_exact
 from specaudit.fixtures.transparent import fit_mask, read_slots
 from specaudit.numerics.tolerance import DTYPES, KV_TOLERANCE
-from specaudit.reference.oracle import kv_rows, reference_kv
 from specaudit.running.instrument import CallRecord
 from specaudit.running.runner import Run
 
@@ -251,7 +250,7 @@ class KVReader:
     """Compares a row's attended past K/V with the batch-size-1 entries of its tokens."""
 
     def __init__(self, run: Run, sequences: Sequence[tuple[int, ...]]) -> None:
-        self.target = run.target
+        self.run = run
         dtype = DTYPES[run.case.dtype]
         self.rtol, self.atol = KV_TOLERANCE[dtype]
         self.work = torch.float64 if dtype == torch.float64 else torch.float32
@@ -279,7 +278,7 @@ class KVReader:
         for seq, kv in self.sources:
             if kv.shape[0] >= n and seq[:n] == want:
                 return seq, kv
-        kv = kv_rows(reference_kv(self.target, tokens)).to(self.work)
+        kv = self.run.entries(tokens).to(self.work)
         self.forwards += 1
         self.sources.append((tokens, kv))
         return tokens, kv
@@ -298,7 +297,7 @@ class KVReader:
     def pad_entry(self) -> torch.Tensor:
         """[F] the pad token alone at position 0 (one batch-size-1 forward of one token, once)."""
         if self._pad is None:
-            self._pad = kv_rows(reference_kv(self.target, (self.pad,))).to(self.work)[0]
+            self._pad = self.run.entries((self.pad,)).to(self.work)[0]
             self.forwards += 1
         return self._pad
 
@@ -780,9 +779,9 @@ class Row:
 
 def follow_rows(run: Run) -> RowTrace:
     """Bind every row of every target call to its request (memoized per run)."""
-    if "rows" not in run.memo:
-        run.memo["rows"] = RowFollower(run).follow()
-    return run.memo["rows"]
+    if run.derived.rows is None:
+        run.derived.rows = RowFollower(run).follow()
+    return run.derived.rows
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -9,18 +9,16 @@ taken from the decoder's account of itself.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 from specaudit.checks import RowView, row_views
 from specaudit.contracts.case import Case
-from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.violation import Violation
 from specaudit.fixtures.pairs import is_exact
 from specaudit.numerics.tolerance import DTYPES, KV_TOLERANCE
 from specaudit.running.instrument import CallRecord
-from specaudit.running.runner import Run, run_case
+from specaudit.running.runner import Run
 
 
 def calls_by_request(run: Run) -> dict[int, list[int]]:
@@ -200,19 +198,10 @@ def rotation(batch: int) -> list[int]:
     return [(i + 1) % batch for i in range(batch)]
 
 
-def decoder_factory(run: Run) -> Any:
-    """What made the decoder of `run`, to run it again: the factory the run kept, else its spec."""
-    factory = getattr(run, "factory", None)
-    return factory if factory is not None else load_decoder(run.decoder)
-
-
 def permuted_run(run: Run) -> tuple[list[int], Run]:
-    """The same decoder on the case in rotated order; run once and kept in `run.memo`."""
-    if "permuted-run" not in run.memo:
-        order = rotation(run.case.batch_size)
-        other = run_case(run.decoder, permuted(run.case, order), factory=decoder_factory(run))
-        run.memo["permuted-run"] = (order, other)
-    return run.memo["permuted-run"]
+    """The same decoder on the case in rotated order (made by the run, once)."""
+    order = rotation(run.case.batch_size)
+    return order, run.again(permuted(run.case, order))
 
 
 def order_independence(run: Run) -> list[Violation]:

@@ -153,7 +153,7 @@ def replay(failure: dict, tries: int = 3) -> tuple[int, int]:
         from specaudit.artifacts.reproducer import replay_engine_rules
 
         return sum(bool(replay_engine_rules(failure)) for _ in range(tries)), tries
-    from specaudit.checks.registry import replay_failures
+    from specaudit.artifacts.reproducer import replay_failures
     from specaudit.contracts.case import Case
 
     return replay_failures(failure["decoder"], Case.from_json(failure["case"]), n=tries), tries

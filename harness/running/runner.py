@@ -30,14 +30,33 @@ from specaudit.contracts.decoder import (
 )
 from specaudit.fixtures.pairs import draft_model, target_model
 from specaudit.fixtures.transparent import RequestScript
-from specaudit.numerics.calibration import NoiseFloor
-from specaudit.reference.oracle import OracleResult, greedy_oracle, truncate
+from specaudit.numerics.calibration import NoiseFloor, Witness, judge_divergence
+from specaudit.reference.oracle import OracleResult, greedy_oracle, kv_rows, reference_kv, truncate
 from specaudit.running.instrument import Recording, breach, every_call, instrument
 
 
 @dataclass
+class Derived:
+    """What is computed from a run once and shared by the checks that read it: the row binding,
+    I2's views, the tie-aware equivalence, each check's outcome, and the model runs some checks
+    compare against, made by the run itself (`Run.again`, `Run.oracle_from`, `Run.entries`).
+    Kept apart from the record, which nothing changes after the run."""
+
+    rows: Any = None  # checks.rows.RowTrace
+    views: Any = None  # checks.i2: (row views, I2 violations)
+    equivalence: Any = None  # checks.equivalence.Equivalence
+    outcomes: dict[str, Any] = field(default_factory=dict)  # check name -> checks.registry.Outcome
+    reruns: dict[Case, Run] = field(default_factory=dict)  # another case on the same decoder and models
+    continuations: dict[tuple[tuple[int, ...], int], OracleResult] = field(default_factory=dict)
+
+
+@dataclass
 class Run:
-    """Everything the checks need about one decoder run; checks read it, never change it."""
+    """Everything the checks need about one decoder run; checks read it, never change it. The
+    model runs a check needs beyond it (the case in another order, a row alone, the oracle from
+    the decoder's own prefix, a batch-size-1 K/V reference) are the run's to make (`again`,
+    `oracle_from`, `entries`), once each, kept in `derived`: no check runs a model itself
+    (tests/test_layers.py holds them to it)."""
 
     case: Case
     decoder: str
@@ -51,7 +70,40 @@ class Run:
     instance: Any = None  # the decoder object, for its declared capabilities (e.g. max_wait_calls)
     factory: Any = None  # what the user gave (class, factory function, configured callable): re-run with this
     noise: NoiseFloor | None = None  # measured batched-arithmetic noise (real models); None: fixed tolerances
-    memo: dict[str, Any] = field(default_factory=dict)  # derived views, computed once per run
+    rerun: Callable[[Case], Run] | None = field(default=None, repr=False)  # set where the models are not built in
+    derived: Derived = field(default_factory=Derived, repr=False)
+
+    def again(self, case: Case) -> Run:
+        """The same decoder (the factory the user gave, not the class of its object) on `case`, on
+        the same models: made once per case."""
+        if case not in self.derived.reruns:
+            if self.rerun is not None:
+                self.derived.reruns[case] = self.rerun(case)
+            else:
+                factory = self.factory if self.factory is not None else load_decoder(self.decoder)
+                self.derived.reruns[case] = run_case(self.decoder, case, factory=factory)
+        return self.derived.reruns[case]
+
+    def oracle_from(self, prefix: tuple[int, ...], max_new_tokens: int) -> OracleResult:
+        """The batch-size-1 greedy oracle from `prefix` (the decoder's own tokens, re-synced at a tie)."""
+        key = (prefix, max_new_tokens)
+        if key not in self.derived.continuations:
+            with torch.no_grad():
+                result = greedy_oracle(self.target, prefix, max_new_tokens=max_new_tokens,
+                                       eos_token_id=self.case.eos_token_id)  # fmt: skip
+            self.derived.continuations[key] = result
+        return self.derived.continuations[key]
+
+    def score_divergence(self, prefix: tuple[int, ...], index: int, found: int, expected: int) -> Witness:
+        """The measured noise floor's witness (the target in higher precision) on a divergence:
+        logit(expected) - logit(found) scored on the shared prefix (real models only)."""
+        assert self.noise is not None, "a divergence is scored against a measured noise floor"
+        return judge_divergence(self.noise.witness or self.target, prefix, index, found, expected, self.noise)
+
+    def entries(self, tokens: tuple[int, ...]) -> torch.Tensor:
+        """[n, F] the target's batch-size-1 K/V of `tokens` at positions 0..n-1 (I2's reference)."""
+        with torch.no_grad():
+            return kv_rows(reference_kv(self.target, tokens))
 
     @property
     def generated_tokens(self) -> int:

@@ -528,7 +528,7 @@ class Flaky:
 
 def test_replay_failures_measures_nondeterminism() -> None:
     """replay_failures counts failing replays: 0 for EQSPEC, all for a broken decoder, some for a flaky one."""
-    from specaudit.checks.registry import replay_failures
+    from specaudit.artifacts.reproducer import replay_failures
 
     assert replay_failures("specaudit.reference.eqspec:EqSpec", SMALL, None, 2) == 0
     assert replay_failures("tests:short", SMALL, lambda: Returns([[1]]), 3) == 3

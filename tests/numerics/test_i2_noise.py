@@ -23,7 +23,7 @@ from specaudit.models.loading import load_pair, save_tiny_pair
 from specaudit.numerics.calibration import NoiseFloor
 from specaudit.reference.eqspec import EqSpec
 from specaudit.reference.oracle import greedy_oracle, kv_rows, reference_kv
-from specaudit.running.runner import Run, run_case
+from specaudit.running.runner import Derived, Run, run_case
 from specaudit.search.strategies import pattern_from_rounds
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
@@ -66,7 +66,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory):
 
 def noisy(run: Run, kv_max: float) -> Run:
     """The same run judged against a noise floor (nothing memoized from an earlier judgement)."""
-    return replace(run, noise=floor(kv_max), memo={})
+    return replace(run, noise=floor(kv_max), derived=Derived())
 
 
 # ---------------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_oracle_cache_reference_gives_the_rerun_verdicts(pair, decoder: str) -> 
     )  # fmt: skip
     assert all(o.kv is not None for o in run.oracle)
     matching = sum(list(o.tokens) == out for o, out in zip(run.oracle, run.outputs or []))
-    old = replace(run, oracle=[replace(o, kv=None) for o in run.oracle], memo={})
+    old = replace(run, oracle=[replace(o, kv=None) for o in run.oracle], derived=Derived())
     counter = Forwards(run.target)
     try:
         kept = verdicts(run)
