@@ -95,7 +95,7 @@ class StarvesLateArrivals(EqSpecEngine):
     arrival waits until every running request has finished."""
 
     bug = EngineBugInfo(
-        "starvation of late arrivals", "static batching behind a queue", "scheduling", "liveness", "wait-bound"
+        "starvation of late arrivals", "static batching behind a queue", "scheduling", "liveness", "bounded-queue"
     )
 
     def admission_room(self) -> int:

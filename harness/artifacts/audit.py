@@ -269,14 +269,13 @@ def format_table(verdicts: list[Verdict]) -> str:
     )
     lines = [header, "-" * len(header)]
     for v in verdicts:
-        j = v.to_json()
-        d = v.diagnosis
+        j = v.report_entry()
         lines.append(
             f"{v.decoder:<44} {v.model:<11} {v.examples:>5} {_fmt(j['exact_match'], '.2f'):>6} "
             f"{_fmt(j['partial_match'], '.2f'):>7} {_fmt(j['tokens_per_second'], '.0f'):>7} "
             f"{_fmt(None if j['outside_models_share'] is None else 100 * j['outside_models_share'], '.0f'):>6}  "
-            f"{'PASS' if d is None else 'FAIL':<9} {(d.first_check or '') if d else '':<18} "
-            f"{(d.signature or '') if d else '':<17} {'yes' if v.as_expected else 'NO'}"
+            f"{'PASS' if j['passed'] else 'FAIL':<9} {(j['first'] or {}).get('check') or '':<18} "
+            f"{j['signature'] or '':<17} {'yes' if v.as_expected else 'NO'}"
         )
     overheads = [v.instrumentation_overhead for v in verdicts if v.instrumentation_overhead is not None]
     if overheads:
@@ -447,13 +446,13 @@ def mark_known(v: EngineVerdict, known: KnownFailures) -> None:
 
 
 def engine_line(v: EngineVerdict, width: int) -> str:
-    j = v.to_json()
+    j = v.report_entry()
+    first = j["first"] or {}
     ragged = v.run.events.get("admission into a batch with ragged acceptance")
-    verdict = "XFAIL" if v.known else "PASS" if v.passed else "FAIL"
+    verdict = "XFAIL" if v.known else "PASS" if j["passed"] else "FAIL"
     return (
         f"{v.engine:<{width}} {v.model:<11} {v.run.runs:>5} {v.run.seconds:>6.1f} {_fmt(ragged, '.2f'):>6}  "
-        f"{verdict:<7} {(j['first_check'] or ''):<12} {(j['rule'] or ''):<18} "
-        f"{(j['diagnosis'] or {}).get('signature') or '':<17} "
+        f"{verdict:<7} {first.get('check') or '':<12} {first.get('rule') or '':<18} {j['signature'] or '':<17} "
         f"{_fmt(j['minimized_rules'], 'd'):>5}  {'yes' if v.as_expected else 'NO'}"
     )
 

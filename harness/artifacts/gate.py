@@ -205,17 +205,18 @@ def testcase(suite: ET.Element, j: Judged, reproducers: list[Path]) -> None:
 def properties(v: Subject, e: dict[str, Any]) -> dict[str, str]:
     """The kind and subject, the kind's figures, the shared verdict fields, then the kind's statuses
     (a decoder's checks, an engine's admission events)."""
-    if isinstance(v, Verdict):
-        figures, statuses = decoder_figures(v, e), {f"check:{c}": status for c, status in e["checks"].items()}
+    if isinstance(v, Verdict):  # a failing decoder's verdict tells how its output went wrong ("diverged", ...)
+        figures, failed = decoder_figures(v, e), (e["diagnosis"] or {}).get("verdict", "fail")
+        statuses = {f"check:{check}": status for check, status in e["checks"].items()}
     else:
-        figures, statuses = engine_figures(e), {f"event:{w}": f"{share:.3f}" for w, share in e["events"].items()}
+        figures, failed = engine_figures(e), "fail"
+        statuses = {f"event:{what}": f"{share:.3f}" for what, share in e["events"].items()}
     first = e["first"] or {}
     shared = {
         "first_check": first.get("check") or "",
         "rule": first.get("rule") or "",
         "signature": e["signature"] or "",
-        # a failing decoder's says how its output went wrong ("diverged", "violated", ...)
-        "verdict": "pass" if e["passed"] else e["diagnosis"]["verdict"] if e["kind"] == "decoder" else "fail",
+        "verdict": "pass" if e["passed"] else failed,
     }
     return {"kind": e["kind"], **e["subject"], **figures, **shared, **statuses}
 

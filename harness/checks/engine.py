@@ -204,7 +204,7 @@ class EngineJudge:
         return violations
 
     def drained(self, budget: int) -> list[Violation]:
-        """'finishes': a request still live after the drain's `budget` of steps."""
+        """'request-finishes' (a decoder's rule): a request still live after the drain's `budget` of steps."""
         book, live = self.session.book, self.session.book.live_ids()
         if not live:
             return []
@@ -213,7 +213,7 @@ class EngineJudge:
         return [
             Violation(
                 "liveness",
-                "finishes",
+                "request-finishes",
                 f"request {r} unfinished after {budget} more steps"
                 f" ({got} of {len(self.session.tracked[r].expected)} tokens)",
                 "every request finishing (EOS or max_new_tokens)",
@@ -380,7 +380,10 @@ class EngineJudge:
         return out
 
     def liveness(self, eligible: set[int], emitted: dict[int, list[int]], crowded: bool) -> list[Violation]:
-        """The declared wait bound, counted over steps with room for every unfinished request."""
+        """The declared wait bound, counted over steps with room for every unfinished request. The
+        rules are a decoder's (`checks.scheduling`), counted in steps instead of target calls: a
+        request waiting for its first token breaks 'bounded-queue', one waiting between two
+        emissions 'bounded-wait'."""
         out = []
         for r in sorted(eligible):
             state = self.session.book.requests[r]
@@ -392,7 +395,7 @@ class EngineJudge:
                     out.append(
                         Violation(
                             "liveness",
-                            "wait-bound",
+                            "bounded-wait" if state.tokens else "bounded-queue",
                             f"request {r} passed over {waited} steps in a row ({len(state.tokens)} tokens so far)",
                             f"at most max_wait_steps = {self.session.max_wait_steps} with room for every request"
                             f" (max_batch_size {self.session.max_batch_size})",

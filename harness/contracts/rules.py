@@ -84,7 +84,7 @@ CHECK_RULES: dict[str, frozenset[str]] = {
     ),
     "equivalence": frozenset({"first-divergence", "oracle-prefix"}),
     "token-preservation": frozenset({"verified-kept", "accepted-as-scheduled"}),
-    "liveness": frozenset({"request-finishes", "bounded-queue", "bounded-wait", "finishes", "wait-bound"}),
+    "liveness": frozenset({"request-finishes", "bounded-queue", "bounded-wait"}),
     "grouped-no-realignment": frozenset({"slots-stay"}),
     "order-independence": frozenset({"keeps-contract", "same-output"}),
     "paged": frozenset(PAGED_RULES),

@@ -220,3 +220,13 @@ def test_plugin_lists_unused_entries_in_the_summary(suite: pytest.Pytester, work
     assert result.ret == 0 and result.parseoutcomes().get("xfailed") == 2, out
     result.stdout.fnmatch_lines(["*known failures that matched nothing*", f"{known}:3: entry matched no failure *"])
     assert f"{known}:1: entry" not in out and f"{known}:2: entry" not in out, out
+
+
+def test_old_engine_liveness_rule_names_still_mean_the_same(tmp_path: Path) -> None:
+    """Engine liveness once had rules of its own ('wait-bound', 'finishes'); now a decoder's
+    names serve both, and a file written with the old names still marks the same violations."""
+    path = write(tmp_path, "mypkg:Engine * liveness wait-bound\nmypkg:Engine * liveness finishes")
+    known = load_xfails(path)
+    for rule in ("bounded-queue", "bounded-wait", "request-finishes"):
+        assert known.matches("mypkg:Engine", "transparent", "liveness", rule), rule
+    assert not known.matches("mypkg:Engine", "transparent", "equivalence", "oracle-prefix")
