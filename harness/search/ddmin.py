@@ -1,15 +1,19 @@
 """Delta debugging: shrink a failing case that Hypothesis never generated.
 
-Two layers:
+Three layers:
 
 - `ddmin(items, fails)`: Zeller and Hildebrandt's minimizing delta debugging over a list,
   with a `fails(subset) -> bool` predicate (True: the subset still shows the failure).
+- `Minimizer`: the one driver for whatever is shrunk, a case or an engine's rule sequence:
+  the failure class to keep, each candidate run once, a run budget.
 - `minimize_case(decoder_spec, case)`: ddmin and small scans applied to a `Case`, stage by
   stage, keeping the *same failure class*: the (first violated check, signature) pair of
   `specaudit.checks.diagnosis.diagnose` on the original case. A candidate that fails differently (a
   contract break where there was an I2 violation, say) does not count as reproducing. With
   `counts` (the gate's "not a known failure"), a candidate must also keep a violation that
   counts, so a case never shrinks into one that shows only known failures.
+  `minimize_ops(reproducer)`: the same over an engine reproducer's rules, keeping the first
+  violation's check and rule.
 
 Stages, in order, repeated until a whole pass changes nothing (or the budget runs out):
 
@@ -41,9 +45,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from specaudit.checks.diagnosis import Diagnosis, diagnose
 from specaudit.checks.engine import replay
@@ -55,6 +59,8 @@ from specaudit.running.runner import Run, run_case
 from specaudit.search.strategies import ambiguous
 
 T = TypeVar("T")
+C = TypeVar("C")  # what is shrunk
+E = TypeVar("E")  # what a run of it shows
 
 DEFAULT_BUDGET = DEFAULT_MINIMIZE_BUDGET
 """Decoder runs `minimize_case` may spend; then it returns the smallest failing case so far."""
@@ -191,73 +197,97 @@ class _Budget(Exception):
     pass
 
 
-class CaseMinimizer:
-    """The state of one minimization: the failure class, the run cache, the counters."""
+class Minimizer(Generic[C, E]):
+    """One minimization, whatever is shrunk (a case, a rule sequence): the failure class to keep,
+    each candidate run once (by its key), at most `budget` runs. A candidate reproduces when it
+    fails in the original's class; invalid or inadmissible ones, ones the harness cannot run, and
+    unseen ones once the budget is spent count as passing, so ddmin winds down at once."""
 
     def __init__(
         self,
-        decoder_spec: str,
-        case: Case,
+        original: C,
+        run: Callable[[C], E],
+        failure_class: Callable[[E], Hashable | None],
         *,
-        factory: Any = None,
-        budget: int = DEFAULT_BUDGET,
-        runner: Callable[[Case], Run] | None = None,
-        counts: Callable[[Violation], bool] | None = None,
+        budget: int,
+        key: Callable[[C], Hashable] = lambda c: c,
+        admissible: Callable[[C], bool] = lambda c: True,
+        counts: Callable[[E], bool] = lambda e: True,
     ) -> None:
-        if runner is None:
-            factory = factory or load_decoder(decoder_spec)
-            runner = lambda c: run_case(decoder_spec, c, factory=factory)  # noqa: E731
-        self.runner = runner
-        self.counts = counts
-        self.budget = budget
-        self.runs = 0
-        self.candidates = 0
+        self.run, self.failure_class, self.budget = run, failure_class, budget
+        self.key, self.admissible, self.counts = key, admissible, counts
+        self.runs = self.candidates = 0
         self.exhausted = False
-        self.results: dict[Case, bool] = {}
-        self.diagnoses: dict[Case, Diagnosis] = {}
-        self.original = case
-        first = self.diagnose(case)
-        self.target = failure_class(first)
-        self.failing = self.reproduces(first)
-        self.check_ambiguity = case.draft == "scripted" and not _ambiguous(case)
+        self.results: dict[Hashable, bool] = {}
+        self.evidence: dict[Hashable, E] = {}
+        self.original = original
+        self.target = failure_class(self.evidence_of(original))
+        self.failing = self.reproduces(self.evidence_of(original))
+        self.results[key(original)] = self.failing
 
-    def diagnose(self, case: Case) -> Diagnosis:
-        if case not in self.diagnoses:
+    def evidence_of(self, candidate: C) -> E:
+        k = self.key(candidate)
+        if k not in self.evidence:
             if self.runs >= self.budget:
                 self.exhausted = True
                 raise _Budget
             self.runs += 1
-            run = self.runner(case)
-            self.diagnoses[case] = diagnose(run)
-        return self.diagnoses[case]
+            self.evidence[k] = self.run(candidate)
+        return self.evidence[k]
 
-    def fails(self, case: Case | None) -> bool:
-        """True if `case` fails in the original's failure class. Invalid cases and, once the
-        budget is spent, unseen ones count as passing, so ddmin winds down at once."""
+    def fails(self, candidate: C | None) -> bool:
+        """True if `candidate` fails in the original's failure class."""
         self.candidates += 1
-        if case is None:
+        if candidate is None:
             return False
-        if case in self.results:
-            return self.results[case]
-        if self.check_ambiguity and _ambiguous(case):
-            self.results[case] = False
-            return False
-        try:
-            d = self.diagnose(case)
-        except _Budget:
-            return False
-        except Exception:  # a candidate the harness cannot run does not reproduce anything
-            self.results[case] = False
-            return False
-        self.results[case] = result = self.reproduces(d)
-        return result
+        k = self.key(candidate)
+        if k not in self.results:
+            if not self.admissible(candidate):
+                self.results[k] = False
+                return False
+            try:
+                e = self.evidence_of(candidate)
+            except _Budget:
+                return False
+            except Exception:  # a candidate the harness cannot run does not reproduce anything
+                self.results[k] = False
+                return False
+            self.results[k] = self.reproduces(e)
+        return self.results[k]
 
-    def reproduces(self, d: Diagnosis) -> bool:
-        """Fails in the original's class, with at least one violation that `counts` (one that
-        is not a known failure, when the caller tolerates some)."""
-        if d.passed or failure_class(d) != self.target:
-            return False
-        return self.counts is None or any(self.counts(v) for v in d.violations)
+    def reproduces(self, e: E) -> bool:
+        """Fails in the original's class, with what `counts` asks (a violation that is not a
+        known failure, when the caller tolerates some)."""
+        found = self.failure_class(e)
+        return found is not None and found == self.target and self.counts(e)
+
+
+CaseMinimizer = Minimizer[Case, Diagnosis]
+
+
+def case_minimizer(
+    decoder_spec: str,
+    case: Case,
+    *,
+    factory: Any = None,
+    budget: int = DEFAULT_BUDGET,
+    runner: Callable[[Case], Run] | None = None,
+    counts: Callable[[Violation], bool] | None = None,
+) -> CaseMinimizer:
+    """A case's minimizer: each candidate run (`runner`, by default `run_case` on the built-in
+    models) and diagnosed; a candidate ambiguous for the scripted draft is skipped unrun."""
+    if runner is None:
+        factory = factory or load_decoder(decoder_spec)
+        runner = lambda c: run_case(decoder_spec, c, factory=factory)  # noqa: E731
+    check_ambiguity = case.draft == "scripted" and not _ambiguous(case)
+    return Minimizer(
+        case,
+        lambda c: diagnose(runner(c)),
+        lambda d: None if d.passed else failure_class(d),
+        budget=budget,
+        admissible=lambda c: not (check_ambiguity and _ambiguous(c)),
+        counts=lambda d: counts is None or any(counts(v) for v in d.violations),
+    )
 
 
 def failure_class(d: Diagnosis) -> tuple[str | None, ...]:
@@ -404,10 +434,9 @@ def minimize_case(
     Raises CasePasses (a ValueError) if the case does not fail at all.
     """
     start = time.perf_counter()
-    m = CaseMinimizer(decoder_spec, case, factory=factory, budget=budget, runner=runner, counts=counts)
+    m = case_minimizer(decoder_spec, case, factory=factory, budget=budget, runner=runner, counts=counts)
     if not m.failing:
         raise CasePasses(f"the case passes every check for {decoder_spec}: nothing to minimize")
-    m.results[case] = True
     steps: list[Step] = []
     current = case
     for _ in range(max_passes):
@@ -425,8 +454,8 @@ def minimize_case(
     return MinimizeResult(
         case,
         current,
-        m.diagnoses[case],
-        m.diagnoses[current],
+        m.evidence[case],
+        m.evidence[current],
         m.runs,
         m.candidates,
         tuple(steps),
@@ -477,27 +506,22 @@ def simpler_adds(ops: list[dict[str, Any]], i: int) -> list[list[dict[str, Any]]
 
 
 def minimize_ops(reproducer: dict[str, Any], budget: int = 500) -> MinimizedOps:
-    """ddmin over the reproducer's rules, then each add simplified;
-    a candidate counts when its replay fails with the same first check and rule. At most
+    """ddmin over the reproducer's rules, then each add simplified, on the same `Minimizer` as a
+    case's: a candidate counts when its replay fails with the same first check and rule. At most
     `budget` replays; past it the smallest failing reproducer so far is kept."""
     start = time.perf_counter()
     original = dict(reproducer, ops=list(reproducer["ops"]))
-    key = failure_key(replay(original))
-    if key is None:
+    m: Minimizer[list[dict[str, Any]], list[Violation]] = Minimizer(
+        original["ops"],
+        lambda ops: replay(dict(original, ops=ops)),
+        failure_key,
+        budget=budget,
+        key=lambda ops: json.dumps(ops, sort_keys=True),
+    )
+    if not m.failing:
         raise ReproducerPasses(f"{original['engine']} passes the reproducer's {len(original['ops'])} rules")
-    seen: dict[str, list[Violation] | None] = {}
-
-    def fails(ops: list[dict[str, Any]]) -> bool:
-        text = json.dumps(ops, sort_keys=True)
-        if text not in seen:
-            if len(seen) >= budget:
-                return False
-            violations = replay(dict(original, ops=ops))
-            seen[text] = violations if failure_key(violations) == key else None
-        return seen[text] is not None
-
-    ops = ddmin(original["ops"], fails)
+    ops = ddmin(original["ops"], m.fails)
     for i in range(len(ops)):
-        ops = next((c for c in simpler_adds(ops, i) if fails(c)), ops)
-    violations = seen.get(json.dumps(ops, sort_keys=True)) or replay(dict(original, ops=ops))
-    return MinimizedOps(original, dict(original, ops=ops), violations, len(seen), time.perf_counter() - start)
+        ops = next((c for c in simpler_adds(ops, i) if m.fails(c)), ops)
+    violations = m.evidence[m.key(ops)]
+    return MinimizedOps(original, dict(original, ops=ops), violations, m.runs, time.perf_counter() - start)
