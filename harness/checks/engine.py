@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from specaudit.checks.equivalence import margin_witness, tie_aware
 from specaudit.checks.i1 import i1_call_violations
 from specaudit.checks.registry import alone_signature, check_named
 from specaudit.checks.rows import UNKNOWN, Observation, common_prefixes, flat_cache, observe
@@ -360,23 +361,37 @@ class EngineJudge:
         return same and not any(earlier.order < c.order < call.order for c in self.session.recording.draft_calls)
 
     def equivalence(self) -> list[Violation]:
-        """Each request's tokens so far are a prefix of the oracle's output."""
+        """Each request's tokens so far are a prefix of the oracle's output, compared as a
+        decoder's row is (`checks.equivalence.tie_aware`; in float64 a tie is all but impossible,
+        and a re-synced request's history would still be the oracle's for I2)."""
         out = []
         for r, t in self.session.tracked.items():
-            got = self.session.book.requests[r].tokens
-            if tuple(got) != t.expected[: len(got)]:
-                i = next(i for i, (a, b) in enumerate(zip(got, t.expected + (None,) * len(got))) if a != b)
-                want = t.expected[i] if i < len(t.expected) else "nothing (the oracle stopped)"
-                out.append(
-                    Violation(
-                        "equivalence",
-                        "oracle-prefix",
-                        f"request {r} token {i} = {got[i]} (tokens so far {got[:12]})",
-                        f"{want} (oracle output {list(t.expected)[:12]})",
-                        request=r,
-                        evidence={"index": i, "found_token": got[i], "expected": list(t.expected)},
-                    )
+            got = tuple(self.session.book.requests[r].tokens)
+            request = t.request
+            reference, judged, i = tie_aware(
+                got,
+                t.oracle,
+                request.prompt,
+                request.max_new_tokens,
+                self.session.eos_token_id,
+                lambda prefix, index, found, want, margin: margin_witness(index, margin, DTYPE),
+                self.session.oracle_from,
+            )
+            if got == reference[: len(got)]:
+                continue
+            ties = [w.index for w in judged if w.numerical]
+            want = reference[i] if i < len(reference) else "nothing (the oracle stopped)"
+            after = f" after numerical tie(s) at {ties}" if ties else ""
+            out.append(
+                Violation(
+                    "equivalence",
+                    "first-divergence",
+                    f"request {r} token {i} = {got[i]}{after} (tokens so far {list(got[:12])})",
+                    f"{want} (oracle output {list(reference)[:12]})",
+                    request=r,
+                    evidence={"index": i, "found_token": got[i], "expected": list(reference), "ties": ties},
                 )
+            )
         return out
 
     def liveness(self, eligible: set[int], emitted: dict[int, list[int]], crowded: bool) -> list[Violation]:

@@ -10,6 +10,7 @@ oracle's top-1/top-2 margin is held to the dtype's rounding tolerance.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specaudit.checks.contract import check_contract
@@ -18,6 +19,7 @@ from specaudit.checks.rows import RowView, common_prefix
 from specaudit.contracts.violation import Violation
 from specaudit.numerics.calibration import Witness
 from specaudit.numerics.tolerance import DTYPES, TIE_TOLERANCE
+from specaudit.reference.oracle import OracleResult
 from specaudit.running.runner import Run
 
 
@@ -105,38 +107,67 @@ def judge(run: Run, prefix: tuple[int, ...], index: int, found: int, expected: i
     precision, scored on the shared prefix; a tie when gap <= the floor's logit bound.
     Without one: the oracle's own top-1/top-2 margin against the dtype's rounding tolerance.
     """
-    floor = run.noise
-    if floor is None:
-        return Witness(index, margin, TIE_TOLERANCE[DTYPES[run.case.dtype]], f"{run.case.dtype} oracle margin")
+    if run.noise is None:
+        return margin_witness(index, margin, run.case.dtype)
     return run.score_divergence(prefix, index, found, expected)
 
 
-def compare_row(run: Run, r: int) -> RowEquivalence:
-    """Tie-aware comparison of one row with the oracle.
+def margin_witness(index: int, margin: float, dtype: str) -> Witness:
+    """A tie by the oracle's own top-1/top-2 margin against the dtype's rounding tolerance."""
+    return Witness(index, margin, TIE_TOLERANCE[DTYPES[dtype]], f"{dtype} oracle margin")
 
-    At a divergence that `judge` finds within the noise the decoder merely took the other
-    side of a numerical tie: the comparison re-syncs onto the decoder's token (the oracle
-    continues from the decoder's prefix) and goes on. Any other divergence is a bug.
+
+Judge = Callable[[tuple[int, ...], int, int, int, float], Witness]  # (prefix, index, found, expected, margin)
+
+
+def tie_aware(
+    found: tuple[int, ...],
+    oracle: OracleResult,
+    prompt: tuple[int, ...],
+    max_new_tokens: int,
+    eos: int | None,
+    judge_tie: Judge,
+    oracle_from: Callable[[tuple[int, ...], int], OracleResult],
+) -> tuple[tuple[int, ...], tuple[Witness, ...], int]:
+    """(the reference `found` is held to, every divergence judged, the first index where they
+    part). A decoder's row and an engine's request are compared by this one loop.
+
+    At a divergence `judge_tie` finds within the noise the subject merely took the other side of
+    a numerical tie: the reference re-syncs onto its token (the oracle continues from its prefix)
+    and the comparison goes on. Any other divergence is a bug.
     """
-    case, oracle = run.case, run.oracle[r]
-    found = tuple(run.outputs[r]) if run.outputs is not None else ()
     reference, margins, judged = oracle.tokens, oracle.margins, []
     i = common_prefix(found, reference)
-    while i < min(len(found), len(reference)) and found[i] != case.eos_token_id:
-        judged.append(judge(run, case.prompts[r] + found[:i], i, found[i], reference[i], margins[i]))
+    while i < min(len(found), len(reference)) and found[i] != eos:
+        judged.append(judge_tie(prompt + found[:i], i, found[i], reference[i], margins[i]))
         if not judged[-1].numerical:
             break
-        prefix = case.prompts[r] + found[: i + 1]
-        rest = max(case.max_new_tokens - i - 1, 0)
-        resync = run.oracle_from(prefix, rest) if rest else None
+        rest = max(max_new_tokens - i - 1, 0)
+        resync = oracle_from(prompt + found[: i + 1], rest) if rest else None
         reference = found[: i + 1] + (resync.tokens if resync else ())
         margins = margins[: i + 1] + (resync.margins if resync else ())
         i = common_prefix(found, reference)
+    return reference, tuple(judged), i
+
+
+def compare_row(run: Run, r: int) -> RowEquivalence:
+    """Tie-aware comparison of one row with the oracle (`tie_aware`, ties judged by `judge`)."""
+    case, oracle = run.case, run.oracle[r]
+    found = tuple(run.outputs[r]) if run.outputs is not None else ()
+    reference, judged, i = tie_aware(
+        found,
+        oracle,
+        case.prompts[r],
+        case.max_new_tokens,
+        case.eos_token_id,
+        lambda prefix, index, got, want, margin: judge(run, prefix, index, got, want, margin),
+        run.oracle_from,
+    )
     ties = tuple(w.index for w in judged if w.numerical)
     stop = stop_reason(found, case.max_new_tokens, case.eos_token_id)
     diverged = None if found == reference else i
     resynced = reference if ties else None
-    return RowEquivalence(r, oracle.tokens, found, oracle.stop, stop, diverged, ties, resynced, tuple(judged))
+    return RowEquivalence(r, oracle.tokens, found, oracle.stop, stop, diverged, ties, resynced, judged)
 
 
 def equivalence(run: Run) -> Equivalence:

@@ -112,9 +112,13 @@ def validate(entry: KnownFailure) -> None:
         raise UsageError(f"{where}: unknown rule {entry.rule!r} for {what}; should be one of {', '.join(rules)} or *")
 
 
-RENAMED_RULES = {("liveness", "wait-bound"): "bounded-*", ("liveness", "finishes"): "request-finishes"}
-"""Engine liveness rules named apart from a decoder's until both became one check's; a file that
-lists an old name still means the same violations ('wait-bound' covered the queue wait too)."""
+RENAMED_RULES = {
+    ("liveness", "wait-bound"): "bounded-*",
+    ("liveness", "finishes"): "request-finishes",
+    ("equivalence", "oracle-prefix"): "first-divergence",
+}
+"""Engine rules named apart from a decoder's until both became one check's; a file that lists an
+old name still means the same violations ('wait-bound' covered the queue wait too)."""
 
 
 def parse_line(text: str, source: str) -> KnownFailure | None:

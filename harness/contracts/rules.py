@@ -82,7 +82,7 @@ CHECK_RULES: dict[str, frozenset[str]] = {
             "duplicate-row",
         }
     ),
-    "equivalence": frozenset({"first-divergence", "oracle-prefix"}),
+    "equivalence": frozenset({"first-divergence"}),
     "token-preservation": frozenset({"verified-kept", "accepted-as-scheduled"}),
     "liveness": frozenset({"request-finishes", "bounded-queue", "bounded-wait"}),
     "grouped-no-realignment": frozenset({"slots-stay"}),

@@ -27,7 +27,7 @@ from specaudit.contracts.violation import Violation
 from specaudit.fixtures.pairs import is_exact, target_model
 from specaudit.fixtures.transparent import RequestScript, Script, ScriptedDraft, scripted_draft, transparent_target
 from specaudit.numerics.tolerance import DTYPES
-from specaudit.reference.oracle import kv_rows, reference_kv, truncate
+from specaudit.reference.oracle import OracleResult, greedy_oracle, kv_rows, reference_kv, truncate
 from specaudit.running.instrument import CallRecord, breach, instrument
 from specaudit.running.runner import oracle_continuation
 
@@ -86,7 +86,11 @@ class Tracked:
 
     request: Request
     sequence: tuple[int, ...]  # prompt + EOS-blind oracle continuation (past max_new_tokens + K)
-    expected: tuple[int, ...]  # the oracle's output: up to EOS (included) or max_new_tokens
+    oracle: OracleResult  # the oracle's output: up to EOS (included) or max_new_tokens, with its margins
+
+    @property
+    def expected(self) -> tuple[int, ...]:
+        return self.oracle.tokens
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,12 @@ class EngineSession:
     def close(self) -> None:
         self.stack.close()
 
+    def oracle_from(self, prefix: tuple[int, ...], max_new_tokens: int) -> OracleResult:
+        """The batch-size-1 oracle from `prefix` on the shared, unhooked target (a tie re-synced)."""
+        with torch.no_grad():
+            return greedy_oracle(target_model(self.model, DTYPE), prefix, max_new_tokens=max_new_tokens,
+                                 eos_token_id=self.eos_token_id)  # fmt: skip
+
     def reproducer(self) -> dict[str, Any]:
         return {
             "engine": self.spec,
@@ -220,9 +230,11 @@ class EngineSession:
         if any(self.tracked[r].request.prompt == request.prompt for r in self.book.live_ids()):
             self.note("duplicate prompt among concurrent requests")
         horizon = request.max_new_tokens + self.num_draft_tokens + 2
-        continuation = oracle_continuation(self.model, DTYPE, request.prompt, horizon).tokens
-        expected, _ = truncate(continuation, max_new_tokens=request.max_new_tokens, eos_token_id=self.eos_token_id)
-        self.tracked[request.request_id] = Tracked(request, request.prompt + continuation, expected)
+        full = oracle_continuation(self.model, DTYPE, request.prompt, horizon)
+        continuation = full.tokens
+        expected, stop = truncate(continuation, max_new_tokens=request.max_new_tokens, eos_token_id=self.eos_token_id)
+        oracle = OracleResult(expected, stop, full.margins[: len(expected)])
+        self.tracked[request.request_id] = Tracked(request, request.prompt + continuation, oracle)
         if self.kv is not None:
             self.kv.track(request.request_id, request.prompt + continuation)
         self.draft.script = self.script()

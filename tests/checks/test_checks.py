@@ -533,3 +533,25 @@ def test_i2_first_input_is_the_pending_token() -> None:
     assert (first.rule, first.request) == ("input-token", 0)
     assert first.evidence["found_position"] == first.evidence["expected_position"]
     assert first.evidence["found_token"] != first.evidence["expected_token"]
+
+
+def test_one_tie_aware_comparison_for_rows_and_requests() -> None:
+    """`tie_aware` (a decoder's row and an engine's request alike): a divergence judged a tie
+    re-syncs the reference onto the subject's token and goes on; one that is not a tie stops it."""
+    from specaudit.checks.equivalence import tie_aware
+    from specaudit.numerics.calibration import Witness
+    from specaudit.reference.oracle import OracleResult
+
+    oracle = OracleResult((5, 6, 7, 8), "length", (1.0, 1.0, 1e-12, 1.0))
+    resynced = {((1, 5, 6, 9), 1): OracleResult((4,), "length", (1.0,))}
+
+    def judge(prefix: tuple[int, ...], index: int, found: int, want: int, margin: float) -> Witness:
+        return Witness(index, margin, 1e-9, "float64 oracle margin")
+
+    def oracle_from(prefix: tuple[int, ...], n: int) -> OracleResult:
+        return resynced[(prefix, n)]
+
+    reference, judged, i = tie_aware((5, 6, 9, 4), oracle, (1,), 4, None, judge, oracle_from)
+    assert reference == (5, 6, 9, 4) and [w.index for w in judged if w.numerical] == [2] and i == 4, (reference, i)
+    reference, judged, i = tie_aware((5, 0, 7, 8), oracle, (1,), 4, None, judge, oracle_from)
+    assert reference == oracle.tokens and i == 1 and not judged[-1].numerical, "a wide margin is a bug, not a tie"

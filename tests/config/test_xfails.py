@@ -229,4 +229,4 @@ def test_old_engine_liveness_rule_names_still_mean_the_same(tmp_path: Path) -> N
     known = load_xfails(path)
     for rule in ("bounded-queue", "bounded-wait", "request-finishes"):
         assert known.matches("mypkg:Engine", "transparent", "liveness", rule), rule
-    assert not known.matches("mypkg:Engine", "transparent", "equivalence", "oracle-prefix")
+    assert not known.matches("mypkg:Engine", "transparent", "equivalence", "first-divergence")
