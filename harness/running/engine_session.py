@@ -54,22 +54,6 @@ class StepJudge(Protocol):
     def failure(self, violations: list[Violation], reproducer: dict[str, Any]) -> BaseException: ...
 
 
-class NoJudge:
-    """A session that records and judges nothing (a benchmark's, or a probe's)."""
-
-    def __init__(self, session: EngineSession) -> None:
-        del session
-
-    def step(self, *args: Any) -> list[Violation]:
-        return []
-
-    def drained(self, budget: int) -> list[Violation]:
-        return []
-
-    def failure(self, violations: list[Violation], reproducer: dict[str, Any]) -> BaseException:
-        return AssertionError(violations, reproducer)
-
-
 @dataclass(frozen=True)
 class Request:
     """One add_request rule: what the engine is asked for and what the draft will get right."""
@@ -155,7 +139,7 @@ class EngineSession:
     ops: list[dict[str, Any]] = field(default_factory=list)
     on_event: Callable[[str], None] | None = None  # hypothesis.event inside the state machine
     timeout_s: float = STEP_TIMEOUT_S  # per engine call: a step() that hangs fails instead
-    judge: Callable[[EngineSession], StepJudge] | None = None  # None: record only, judge nothing
+    judge: Callable[[EngineSession], StepJudge] = field(kw_only=True)  # built on the session
 
     def __post_init__(self) -> None:
         check_model(self.model, dtype=DTYPE)
@@ -187,7 +171,7 @@ class EngineSession:
         self.fingerprints = {"target": model_state(self.target), "draft": model_state(self.draft)}
         self.max_batch_size = declared(engine, "max_batch_size")
         self.max_wait_steps = declared(engine, "max_wait_steps")
-        self.verdict: StepJudge = (self.judge or NoJudge)(self)
+        self.verdict: StepJudge = self.judge(self)
 
     def close(self) -> None:
         self.stack.close()
