@@ -367,9 +367,8 @@ def peak_in_flight(spans: Sequence[tuple[float, float]]) -> int:
     return peak
 
 
-def from_report(data: dict[str, Any]) -> dict[str, Any]:
-    """The figures of a black-box report.json (its one entry) that the vLLM report shows."""
-    report = data["entries"][0] if "entries" in data else data
+def from_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a black-box report entry that the vLLM report shows."""
     rows = report.get("requests", [])
     spans = [(r["start"], r["end"]) for r in rows if r.get("start") is not None and r.get("end") is not None]
     return {

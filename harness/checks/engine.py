@@ -115,7 +115,6 @@ class EngineKV:
         self.rtol, self.atol = KV_TOLERANCE[DTYPES[DTYPE]]
         self.tolerance = f"tolerance rtol {self.rtol:g}, atol {self.atol:g}"
         self.work = DTYPES[DTYPE]
-        self.refs = references.refs  # request -> [Ls, F] entries of its history (the session's)
         self.references = references
         self._call: tuple[int, torch.Tensor] | None = None
 
@@ -157,11 +156,10 @@ class EngineKV:
         found = self.entries(call, row, slots)
         return found is not None and len(pads) == len(slots) and bool(self.same(found, pads).all())
 
-    def describe(
-        self, call: CallRecord, row: int, slot: int, ref: torch.Tensor, index: int, request: int
-    ) -> tuple[str, float]:
+    def describe(self, call: CallRecord, row: int, slot: int, index: int, request: int) -> tuple[str, float]:
         """(what `slot` of `row` holds in words, its largest |K/V difference| from entry `index`
-        of request `request`'s `ref`)."""
+        of request `request`'s history)."""
+        ref = self.references.refs[request]  # [Ls, F]
         if index >= ref.shape[0]:
             return f"slot {slot}, past the end of request {request}'s history", math.inf
         found = self.flat(call)[row, slot]  # [F]
@@ -244,7 +242,7 @@ class EngineJudge:
         by_content = replace(obs, positions=torch.arange(obs.tokens.shape[1]).expand_as(obs.tokens))
         prefix = common_prefixes(by_content, table, lengths, exact=exact)  # [B, R]
         if self.kv is not None:  # a real model's past counts only as far as its K/V are the request's entries
-            held = self.kv.prefixes(call, obs, [self.kv.refs[r] for r in ids])  # [B, R]
+            held = self.kv.prefixes(call, obs, [self.kv.references.refs[r] for r in ids])  # [B, R]
             prefix = torch.where(held < obs.past[:, None], held, prefix)
         reads = [self.read_row(call, obs, row, prefix[row], ids, eligible, committed) for row in range(prefix.shape[0])]
         judged = [r for r in reads if r.length and not self.idle(call, r)]
@@ -302,7 +300,7 @@ class EngineJudge:
                 "index": index,
             }
             if tokens[index] == UNKNOWN and self.kv is not None and request is not None:  # a real past slot: K/V
-                found, distance = self.kv.describe(call, row, slots[index], self.kv.refs[request], index, request)
+                found, distance = self.kv.describe(call, row, slots[index], index, request)
                 evidence.update(found_token=None, found_position=None, kv_distance=distance)
             return Violation("I2", rule, found, expected, call.index, row, slots[index], request, evidence)
 

@@ -7,7 +7,6 @@ module drives them with the black-box command, in the commands layer because it 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from specaudit.adapters.vllm_server import (
     speculative_config,
     write_reports,
 )
+from specaudit.artifacts.report import load_report
 from specaudit.commands.blackbox import run_blackbox
 from specaudit.config.settings import BlackboxSettings, VllmAuditSettings
 from specaudit.contracts.errors import UsageError
@@ -62,7 +62,7 @@ def audit_configuration(
     except (ServerError, OSError, UsageError) as exc:
         return Outcome(model, configuration, spec, False, "server or audit error", error=str(exc),
                        wall_s=time.monotonic() - start)  # fmt: skip
-    report = json.loads((out / "report.json").read_text())
+    (report,) = load_report(out / "report.json")["entries"]
     figures = from_report(report)
     return Outcome(model, configuration, spec, counts=counts, startup_s=startup, wall_s=time.monotonic() - start,
                    **figures)  # fmt: skip

@@ -220,10 +220,9 @@ class Minimizer(Generic[C, E]):
         self.exhausted = False
         self.results: dict[Hashable, bool] = {}
         self.evidence: dict[Hashable, E] = {}
-        self.original = original
-        self.target = failure_class(self.evidence_of(original))
-        self.failing = self.reproduces(self.evidence_of(original))
-        self.results[key(original)] = self.failing
+        first = self.evidence_of(original)
+        self.target = failure_class(first)
+        self.results[key(original)] = self.failing = self.reproduces(first)
 
     def evidence_of(self, candidate: C) -> E:
         k = self.key(candidate)
