@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from specaudit.checks.engine import diagnose_engine
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
 from specaudit.search.ddmin import minimize_ops
 from specaudit.search.engine_machine import DEFAULT_ENGINES, MachineRun, run_machine
+from specaudit.search.engine_replay import diagnose_engine
 
 RESULTS = Path(__file__).parent / "results"
 SECTION = "## Engine bugs (continuous batching: the engine state machine)"

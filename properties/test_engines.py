@@ -38,7 +38,7 @@ def test_engine_matches_oracle_at_every_step(
     except Exception as exc:  # what Hypothesis raises last is the shrunk rule sequence's failure
         failure = machine_failure(exc, engine_spec, specaudit_model)
         if failure is not None:  # the plugin writes it to --specaudit-out and applies --specaudit-xfails
-            remember_engine_failure(failure.reproducer, failure.violations, request.node)
+            remember_engine_failure(failure.reproducer, failure.violations, request.node, failure.diagnosis)
         raise
     finally:
         shares = event_shares(machine)

@@ -5,7 +5,7 @@ contract, I1, I2, equivalence, liveness). `ENGINE_CATALOG` maps name to class; e
 as `--engine specaudit.reference.engine_mutants:NAME`. Each class carries a `bug: EngineBugInfo`
 whose `first_check` and `rule` were measured with the state machine on its shrunk failing
 sequence, and whose `signature` is the one the engine diagnosis derives from that failure by
-the registry's mapping (`specaudit.checks.engine.diagnose_engine`); tests/search/test_engines.py
+the registry's mapping (`specaudit.search.engine_replay.diagnose_engine`); tests/search/test_engines.py
 keeps all three honest. A retired row attended is a stale row attended: kv-drift, as the
 registry maps every I2 slot fault, even where the live requests' outputs stay right.
 """

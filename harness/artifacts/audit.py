@@ -23,7 +23,7 @@ from specaudit.artifacts.report import entry, write_report
 from specaudit.artifacts.reproducer import EVIDENCE_LIMIT, write_engine_failure, write_failure
 from specaudit.checks import equivalence
 from specaudit.checks.diagnosis import Diagnosis, diagnose
-from specaudit.checks.engine import EngineDiagnosis, diagnose_engine
+from specaudit.checks.engine import EngineDiagnosis
 from specaudit.checks.registry import FAIL, NOT_APPLICABLE, Evaluation, evaluate
 from specaudit.config.settings import AuditSettings
 from specaudit.config.xfails import KnownFailures
@@ -39,6 +39,7 @@ from specaudit.running.runner import Run, run_case
 from specaudit.search.ddmin import MinimizedOps, ReproducerPasses, minimize_ops
 from specaudit.search.driver import MINIMIZE_BUDGET, SHRINK_BUDGET, search
 from specaudit.search.engine_machine import DEFAULT_ENGINES, MachineRun, run_machine
+from specaudit.search.engine_replay import diagnose_engine
 from specaudit.search.jobs import default_jobs, run_all
 
 PLANTED_BUG_EXAMPLES = 300

@@ -29,11 +29,9 @@ import pprint
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specaudit.checks.diagnosis import Diagnosis
-from specaudit.checks.engine import diagnose_engine
-from specaudit.checks.engine import replay as replay_rules
 from specaudit.checks.registry import all_violations
 from specaudit.contracts.builtins import MODELS, check_model
 from specaudit.contracts.case import CASE_FORMAT, ENVELOPE_FORMAT, Case, CaseFormatError
@@ -42,6 +40,11 @@ from specaudit.contracts.errors import UsageError
 from specaudit.contracts.item import FAILURE
 from specaudit.contracts.violation import Violation, render
 from specaudit.running.runner import Run, run_case
+from specaudit.search.engine_replay import diagnose_engine
+from specaudit.search.engine_replay import replay as replay_rules
+
+if TYPE_CHECKING:
+    from specaudit.checks.engine import EngineDiagnosis
 
 EVIDENCE_LIMIT = 20
 """Violations kept in a reproducer: the first ones name the bug; the rest repeat it."""
@@ -67,10 +70,16 @@ def remember_failure(run: Run, violations: list[Violation], node: Any = None) ->
         note_on_item(node, failure_record(run.case, run.decoder, violations))
 
 
-def remember_engine_failure(reproducer: dict[str, Any], violations: list[Violation], node: Any) -> None:
+def remember_engine_failure(
+    reproducer: dict[str, Any], violations: list[Violation], node: Any, diagnosis: EngineDiagnosis | None = None
+) -> None:
     """Note a failing engine rule sequence on its pytest item, as the engine reproducer
-    `specaudit replay FILE --engine X` reads (`engine_failure_record`)."""
-    note_on_item(node, engine_failure_record(reproducer, violations))
+    `specaudit replay FILE --engine X` reads (`engine_failure_record`), with its diagnosis, so the
+    file the plugin writes names the failure class as a decoder's does. Pass the failure's own
+    (`EngineFailure.diagnosis`, made once); without one it is made here from the violations."""
+    if diagnosis is None and violations:
+        diagnosis = diagnose_engine(violations, reproducer)
+    note_on_item(node, engine_failure_record(reproducer, violations, diagnosis))
 
 
 IDENTIFIER_LIMIT = 100
@@ -170,22 +179,26 @@ ENGINE_KEYS = ("engine", "num_draft_tokens", "eos_token_id", "pad_token_id", "op
 ENGINE_MODEL_DEFAULT = "transparent"
 """The model of a reproducer without a "model" key (written before engines ran on tiny real models)."""
 ENGINE_OPS = {"add": ("id", "prompt", "max_new_tokens", "accept"), "step": (), "abort": ("id",), "drain": ()}
-"""Each rule of an engine reproducer and the fields it needs (`specaudit.checks.engine.replay`)."""
+"""Each rule of an engine reproducer and the fields it needs (`specaudit.search.engine_replay.replay`)."""
 
 
 def engine_failure_record(
-    reproducer: dict[str, Any], violations: list[Violation], signature: str | None = None
+    reproducer: dict[str, Any], violations: list[Violation], diagnosis: EngineDiagnosis | None = None
 ) -> dict[str, Any]:
     """What an engine reproducer file holds: the rules to replay, then the evidence they gave and,
-    where the writer diagnosed it, the signature (`specaudit.checks.engine.diagnose_engine`)."""
+    where the writer diagnosed it (`specaudit.search.engine_replay.diagnose_engine`), the signature
+    and the whole diagnosis (first check, rule, step, call, request, row, slot, signature, reason)."""
     first = violations[0] if violations else None
-    return dict(
+    record = dict(
         reproducer,
         first_check=first.check if first else None,
         rule=first.rule if first else None,
-        signature=signature,
+        signature=diagnosis.signature if diagnosis is not None else None,
         evidence=[asdict(v) for v in violations[:EVIDENCE_LIMIT]],
     )
+    if diagnosis is not None:
+        record["diagnosis"] = diagnosis.to_json()
+    return record
 
 
 _ENGINE_TEMPLATE = '''"""Regression test written by specaudit: a minimized failing engine rule sequence, embedded.
@@ -207,7 +220,7 @@ import os
 
 import pytest
 
-from specaudit.checks.engine import replay
+from specaudit.search.engine_replay import replay
 from specaudit.artifacts.reproducer import remember_engine_failure
 from specaudit.contracts.violation import render
 
@@ -261,8 +274,8 @@ def write_engine_failure(
     """`DIR/<name>.json` (replayable with `specaudit replay FILE --engine X`) and, with `test`,
     `DIR/test_regression_<name>.py`; returns the paths written."""
     name = identifier(name)
-    signature = diagnose_engine(violations, reproducer).signature if violations else None
-    paths = [write_engine_reproducer(directory, name, engine_failure_record(reproducer, violations, signature))]
+    diagnosis = diagnose_engine(violations, reproducer) if violations else None
+    paths = [write_engine_reproducer(directory, name, engine_failure_record(reproducer, violations, diagnosis))]
     if test:
         test_path = Path(directory) / f"test_regression_{name}.py"
         test_path.write_text(engine_regression_test_source(reproducer, violations, name, summary))
@@ -280,7 +293,7 @@ def replay_failures(spec: str, case: Case, factory: Any = None, n: int = 5) -> i
 
 
 def replay_engine_rules(reproducer: dict[str, Any]) -> list[Violation]:
-    """`specaudit.checks.engine.replay`, with an engine that does not build ('engine-builds')
+    """`specaudit.search.engine_replay.replay`, with an engine that does not build ('engine-builds')
     reported as its violation rather than raised."""
     from specaudit.contracts.decoder import ContractError
 
@@ -348,7 +361,7 @@ class Reproducer:
             raise UsageError(f"{self.where}: {exc}") from None
 
     def engine_rules(self, engine: str | None = None) -> dict[str, Any]:
-        """An engine-ops reproducer as `specaudit.checks.engine.replay` takes it (`engine` replaces its own)."""
+        """An engine-ops reproducer as `specaudit.search.engine_replay.replay` takes it (`engine` replaces its own)."""
         model = self.subject.get("model") or ENGINE_MODEL_DEFAULT
         return {"engine": engine or self.subject.get("engine"), **self.payload, "model": model}
 
@@ -398,12 +411,15 @@ def write_real_failure(directory: Path, name: str, diagnosis: Diagnosis, *, targ
 
 
 def engine_reproducer(record: dict[str, Any]) -> Reproducer:
-    """An `engine_failure_record` (or the rules alone) as an engine-ops reproducer."""
+    """An `engine_failure_record` (or the rules alone) as an engine-ops reproducer; its diagnosis,
+    where it has one, goes in the evidence beside the signature, where a decoder's signature goes."""
     subject = {"engine": record.get("engine"), "model": record.get("model", ENGINE_MODEL_DEFAULT)}
     payload = {key: record[key] for key in ENGINE_PAYLOAD if key in record}
     evidence = {"first_check": record.get("first_check"), "rule": record.get("rule")}
     if record.get("signature") is not None:
         evidence["signature"] = record["signature"]
+    if record.get("diagnosis") is not None:
+        evidence["diagnosis"] = record["diagnosis"]
     return Reproducer("engine-ops", subject, payload, evidence | {"violations": record.get("evidence") or []})
 
 

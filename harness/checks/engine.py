@@ -12,7 +12,8 @@ After every step, in the registry's order:
                equal to it: EOS or max_new_tokens)
   liveness     a request waits at most the declared `max_wait_steps` for its first token and
                between two emissions while no more than `max_batch_size` requests are
-               unfinished; every request finishes when the engine is drained
+               unfinished; every request finishes when the engine is drained (the rules
+               of `checks.liveness`, over the judge's ledger, counted in steps)
 
 Rows are bound to requests by content: a row's candidates are the requests whose history it
 holds longest (`checks.rows.common_prefixes`, as for a decoder's rows); requests that share a
@@ -20,13 +21,15 @@ history (duplicate prompts) are told apart by progress, each row preferring the 
 previous call it continues and whose committed length is nearest its past, then matched one to
 one (`bind_rows`); where they cannot be told apart, either binding judges the same. On a tiny
 real model (float64) the past slots show K/V: a row's past slot holds entry i of a request when
-its K/V equal that request's batch-size-1 entry i within the dtype's tolerance (`EngineKV`,
-reading the session's `KVReferences`).
+its K/V equal that request's batch-size-1 entry i within the dtype's tolerance (the decoder's
+`checks.rows.KVReader`, reading the session's `KVReferences`: `engine_reader`).
 
 A failure carries its diagnosis (`EngineDiagnosis`): the first violated check and rule, the
 engine step, target call, request, row and slot, and the paper's signature, mapped from the
 first violation by the registry as a decoder run's is. Every violation notes its step in
 `evidence["step"]`, so `diagnose_engine(violations, reproducer)` rebuilds it after a `replay`.
+Both live a layer up (`specaudit.search.engine_replay`): a wrong token's signature replays its
+request alone, and checks run no model; the judge is handed the diagnosis to attach.
 """
 
 from __future__ import annotations
@@ -34,21 +37,23 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from specaudit.checks.equivalence import margin_witness, tie_aware
 from specaudit.checks.i1 import i1_call_violations
-from specaudit.checks.registry import alone_signature, check_named
-from specaudit.checks.rows import UNKNOWN, Observation, common_prefixes, flat_cache, observe
-from specaudit.contracts.case import ENVELOPE_FORMAT
+from specaudit.checks.liveness import Ledger, Tenure, overdue, unfinished
+from specaudit.checks.rows import UNKNOWN, KVReader, Observation, common_prefixes, observe
 from specaudit.contracts.violation import Violation, render
-from specaudit.numerics.tolerance import DTYPES, KV_TOLERANCE
-from specaudit.running.engine_session import DTYPE, EngineSession, KVReferences, Request, Stream
+from specaudit.numerics.tolerance import DTYPES
+from specaudit.running.engine_session import DTYPE, Stream
 from specaudit.running.instrument import CallRecord
+
+if TYPE_CHECKING:  # the judge reads a session; running one is the caller's
+    from specaudit.running.engine_session import EngineSession
 
 IDLE_ROW_RULES = frozenset({"row-attends-nothing"})
 """I1 rules an engine may break on purpose: a fixed-size engine runs idle rows (empty slots,
@@ -102,75 +107,19 @@ def bind_rows(reads: list[RowRead], eligible: set[int]) -> list[tuple[RowRead, i
     return [(read, bound[read.row], owner[bound[read.row]]) for read in reads]
 
 
-class EngineKV:
-    """I2's reader for a tiny real target, whose past slots show K/V, not (token, position).
-
-    A row's past slot holds a request's entry at stream index i when its K/V equal entry i of
-    that request's batch-size-1 run (`KVReferences`, made by the session) within the dtype's
-    fixed tolerance (float64 here, so a wrong token, position or request is off by orders of
-    magnitude more).
-    """
-
-    def __init__(self, references: KVReferences) -> None:
-        self.rtol, self.atol = KV_TOLERANCE[DTYPES[DTYPE]]
-        self.tolerance = f"tolerance rtol {self.rtol:g}, atol {self.atol:g}"
-        self.work = DTYPES[DTYPE]
-        self.references = references
-        self._call: tuple[int, torch.Tensor] | None = None
-
-    def flat(self, call: CallRecord) -> torch.Tensor:
-        """[B, S, F] the call's cache after it (kept for the call's other rows)."""
-        if self._call is None or self._call[0] != call.order:
-            self._call = (call.order, flat_cache(call.cache_after, self.work))
-        return self._call[1]
-
-    def entries(self, call: CallRecord, row: int, slots: list[int]) -> torch.Tensor | None:
-        """[L, F] the K/V the call left in `slots` of `row` (None: a cache-free call)."""
-        if not call.cache_after:
-            return None
-        return self.flat(call)[row, torch.tensor(slots, dtype=torch.long)]
-
-    def same(self, found: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-        """[...] whether entries [..., F] equal `expected` [..., F] within the tolerance."""
-        return torch.isclose(found, expected, rtol=self.rtol, atol=self.atol).all(-1)
-
-    def prefixes(self, call: CallRecord, obs: Observation, refs: list[torch.Tensor]) -> torch.Tensor:
-        """[B, R] how many leading past slots of each row hold request r's entries 0, 1, ..."""
-        batch, width = obs.past.shape[0], int(obs.past.max()) if obs.past.numel() else 0
-        if width == 0 or not call.cache_after:
-            return torch.zeros(batch, len(refs), dtype=torch.long)
-        flat = self.flat(call)  # [B, S, F]
-        slots = obs.slots[:, :width].clamp(0, flat.shape[1] - 1)  # [B, P]
-        found = flat.gather(1, slots[..., None].expand(-1, -1, flat.shape[2]))  # [B, P, F]
-        table = torch.full((len(refs), width, flat.shape[2]), math.nan, dtype=self.work)  # [R, P, F]
-        for r, ref in enumerate(refs):
-            table[r, : min(width, ref.shape[0])] = ref[:width]
-        bad = ~self.same(found[:, None], table[None])  # [B, R, P]
-        bad &= (torch.arange(width)[None, :] < obs.past[:, None])[:, None, :]
-        first = torch.where(bad.any(-1), bad.int().argmax(-1), width)
-        return torch.minimum(first, obs.past[:, None])
-
-    def holds_pads(self, call: CallRecord, row: int, slots: list[int]) -> bool:
-        """Whether `slots` of `row` hold the pad token's entries at positions 0, 1, ... (an idle row)."""
-        pads = self.references.pads[: len(slots)]
-        found = self.entries(call, row, slots)
-        return found is not None and len(pads) == len(slots) and bool(self.same(found, pads).all())
-
-    def describe(self, call: CallRecord, row: int, slot: int, index: int, request: int) -> tuple[str, float]:
-        """(what `slot` of `row` holds in words, its largest |K/V difference| from entry `index`
-        of request `request`'s history)."""
-        ref = self.references.refs[request]  # [Ls, F]
-        if index >= ref.shape[0]:
-            return f"slot {slot}, past the end of request {request}'s history", math.inf
-        found = self.flat(call)[row, slot]  # [F]
-        distance = float((found - ref[index]).abs().max())
-        if bool(self.same(found, ref[index])):
-            return (
-                f"slot {slot} holding request {request}'s entry at position {index} (K/V within {self.tolerance})",
-                distance,
-            )
-        entry = f"request {request}'s batch-size-1 entry at position {index}"
-        return f"slot {slot} whose K/V are off {entry} by up to {distance:.3g} ({self.tolerance})", distance
+def engine_reader(session: EngineSession) -> KVReader:
+    """I2's reader for a tiny real target, whose past slots show K/V, not (token, position): the
+    decoder's (`checks.rows.KVReader`) over the session's `KVReferences`, made when each request
+    was added (its history's batch-size-1 entries, and pad tokens'), held to the dtype's fixed
+    tolerance (float64 here, so a wrong token, position or request is off by orders of magnitude
+    more)."""
+    references = session.kv
+    assert references is not None
+    ids = list(session.tracked)
+    sequences = [session.tracked[r].sequence for r in ids]
+    pads = ((session.pad_token_id,) * references.pads.shape[0], references.pads)
+    sources = [*zip(sequences, (references.refs[r] for r in ids)), pads]
+    return KVReader(DTYPES[DTYPE], sequences, sources, references.reference, session.pad_token_id)
 
 
 class EngineJudge:
@@ -178,11 +127,13 @@ class EngineJudge:
     request's last target call attended, how many steps in a row it waited) is the judge's,
     never written into the session."""
 
-    def __init__(self, session: EngineSession) -> None:
+    def __init__(self, session: EngineSession, diagnose: Diagnose) -> None:
         self.session = session
-        self.kv = None if session.kv is None else EngineKV(session.kv)
+        self.diagnose = diagnose
+        self.real = session.kv is not None  # a tiny real target: past slots are read by their K/V
+        self.kv: KVReader | None = None  # the reader of the call being judged (real targets)
         self.streams: dict[int, Stream] = {}  # request -> what its last target call attended
-        self.waited: dict[int, int] = {}  # live request -> steps in a row without an emission
+        self.ledger = Ledger("steps", session.max_wait_steps, "max_wait_steps")  # served: steps it emitted in
 
     def step(
         self,
@@ -203,26 +154,18 @@ class EngineJudge:
         return violations
 
     def drained(self, budget: int) -> list[Violation]:
-        """'request-finishes' (a decoder's rule): a request still live after the drain's `budget` of steps."""
-        book, live = self.session.book, self.session.book.live_ids()
-        if not live:
-            return []
-        r = live[0]
-        got = len(book.requests[r].tokens)
-        return [
-            Violation(
-                "liveness",
-                "request-finishes",
-                f"request {r} unfinished after {budget} more steps"
-                f" ({got} of {len(self.session.tracked[r].expected)} tokens)",
-                "every request finishing (EOS or max_new_tokens)",
-                request=r,
-                evidence={"steps": budget, "tokens": got},
-            )
-        ]
+        """'request-finishes' (`checks.liveness`): a request still live after the drain's `budget` of steps."""
+        live = set(self.session.book.live_ids())
+        for r in self.session.tracked:
+            tenure = self.tenure(r)
+            tenure.tokens, tenure.finished = len(self.session.book.requests[r].tokens), r not in live
+        return [replace(v, evidence={**v.evidence, "steps": budget}) for v in unfinished(self.ledger)]
+
+    def tenure(self, request: int) -> Tenure:
+        return self.ledger.tenure(request, self.session.tracked[request].request.max_new_tokens)
 
     def failure(self, violations: list[Violation], reproducer: dict[str, Any]) -> EngineFailure:
-        return EngineFailure(violations, reproducer)
+        return EngineFailure(violations, reproducer, self.diagnose)
 
     def i2(self, call: CallRecord, eligible: set[int], committed: dict[int, int]) -> list[Violation]:
         """I2 on one target call: each row bound to a request whose history it holds longest
@@ -236,13 +179,14 @@ class EngineJudge:
         width = max(len(s) for s in sequences)
         table = torch.tensor([list(s) + [-2] * (width - len(s)) for s in sequences])  # [R, Ls]
         lengths = torch.tensor([len(s) for s in sequences])  # [R]
-        exact = self.kv is None
+        exact = not self.real
+        self.kv = None if exact else engine_reader(self.session)
         obs = observe(call, exact=exact)
         # bound by content: tokens in order, positions judged apart (a wrong position is not a wrong request)
         by_content = replace(obs, positions=torch.arange(obs.tokens.shape[1]).expand_as(obs.tokens))
         prefix = common_prefixes(by_content, table, lengths, exact=exact)  # [B, R]
         if self.kv is not None:  # a real model's past counts only as far as its K/V are the request's entries
-            held = self.kv.prefixes(call, obs, [self.kv.references.refs[r] for r in ids])  # [B, R]
+            held = self.kv.past_prefixes(call, obs)  # [B, R], the requests in `ids` order
             prefix = torch.where(held < obs.past[:, None], held, prefix)
         reads = [self.read_row(call, obs, row, prefix[row], ids, eligible, committed) for row in range(prefix.shape[0])]
         judged = [r for r in reads if r.length and not self.idle(call, r)]
@@ -268,7 +212,7 @@ class EngineJudge:
         live, continuing its own previous call (a chunked round), nearest its committed length."""
         length, past = int(obs.length[row]), int(obs.past[row])
         tokens, slots = obs.tokens[row].tolist(), obs.slots[row].tolist()
-        kv = None if self.kv is None else self.kv.entries(call, row, slots[:length])
+        kv = None if self.kv is None else self.kv.at(call, row, slots[:length])
         stream = Stream(call.order, tokens[:length], kv, self.session.book.steps)
         matched = int(prefix.max()) if len(ids) else 0
         tied = [ids[i] for i in range(len(ids)) if int(prefix[i]) == matched] if matched else []
@@ -300,7 +244,7 @@ class EngineJudge:
                 "index": index,
             }
             if tokens[index] == UNKNOWN and self.kv is not None and request is not None:  # a real past slot: K/V
-                found, distance = self.kv.describe(call, row, slots[index], index, request)
+                found, distance = self.describe(call, row, slots[index], index, request)
                 evidence.update(found_token=None, found_position=None, kv_distance=distance)
             return Violation("I2", rule, found, expected, call.index, row, slots[index], request, evidence)
 
@@ -332,6 +276,24 @@ class EngineJudge:
                 return bad("position-ids", i, f"position {i}", want, i)
         return None
 
+    def describe(self, call: CallRecord, row: int, slot: int, index: int, request: int) -> tuple[str, float]:
+        """(what `slot` of `row` holds in words, its largest |K/V difference| from entry `index`
+        of request `request`'s history)."""
+        assert self.kv is not None
+        kv, tolerance = self.kv, f"tolerance rtol {self.kv.rtol:g}, atol {self.kv.atol:g}"
+        want = kv.kept(self.session.tracked[request].sequence, index)  # [F]
+        if want is None:
+            return f"slot {slot}, past the end of request {request}'s history", math.inf
+        found = kv.flat(call)[row, slot]  # [F]
+        distance = float((found - want).abs().max())
+        if bool(kv.same_slots(found[None, None], want[None]).all()):
+            return (
+                f"slot {slot} holding request {request}'s entry at position {index} (K/V within {tolerance})",
+                distance,
+            )
+        entry = f"request {request}'s batch-size-1 entry at position {index}"
+        return f"slot {slot} whose K/V are off {entry} by up to {distance:.3g} ({tolerance})", distance
+
     def idle(self, call: CallRecord, read: RowRead) -> bool:
         """An idle row, the empty slot of a fixed-size engine: it attends the pad token only (on a
         real model: its inputs are the pad token and its past holds pads or no request's history).
@@ -342,7 +304,7 @@ class EngineJudge:
             return False
         if self.kv is None:
             return all(t == pad for t in stream[: len(past)])
-        return not past or read.matched == 0 or self.kv.holds_pads(call, read.row, past)
+        return not past or read.matched == 0 or self.kv.holds(call, read.row, past, (pad,) * len(past))
 
     def continues_round(self, request: int, call: CallRecord, now: Stream, past: int) -> bool:
         """A verification split over several forwards: the row's past is exactly what the request's
@@ -355,7 +317,12 @@ class EngineJudge:
         if self.kv is None:
             same = earlier.tokens == now.tokens[:past]
         else:
-            same = earlier.kv is not None and now.kv is not None and bool(self.kv.same(now.kv[:past], earlier.kv).all())
+            kv = self.kv
+            same = (
+                earlier.kv is not None
+                and now.kv is not None
+                and bool(kv.same_slots(now.kv[None, :past], earlier.kv).all())
+            )
         return same and not any(earlier.order < c.order < call.order for c in self.session.recording.draft_calls)
 
     def equivalence(self) -> list[Violation]:
@@ -393,42 +360,17 @@ class EngineJudge:
         return out
 
     def liveness(self, eligible: set[int], emitted: dict[int, list[int]], crowded: bool) -> list[Violation]:
-        """The declared wait bound, counted over steps with room for every unfinished request. The
-        rules are a decoder's (`checks.scheduling`), counted in steps instead of target calls: a
-        request waiting for its first token breaks 'bounded-queue', one waiting between two
-        emissions 'bounded-wait'."""
-        out = []
+        """The declared wait bound over the session's ledger (`checks.liveness`, a decoder's rules
+        counted in steps): a live request is served in a step it emits in, and waits in one with
+        room for every unfinished request (not crowded), unless aborted."""
+        step = self.session.book.steps
         for r in sorted(eligible):
-            state = self.session.book.requests[r]
+            tenure = self.tenure(r)
             if r in emitted:
-                self.waited[r] = 0
-            elif not crowded and not state.aborted:
-                self.waited[r] = waited = self.waited.get(r, 0) + 1
-                if self.session.max_wait_steps is not None and waited > self.session.max_wait_steps:
-                    out.append(
-                        Violation(
-                            "liveness",
-                            "bounded-wait" if state.tokens else "bounded-queue",
-                            f"request {r} passed over {waited} steps in a row ({len(state.tokens)} tokens so far)",
-                            f"at most max_wait_steps = {self.session.max_wait_steps} with room for every request"
-                            f" (max_batch_size {self.session.max_batch_size})",
-                            request=r,
-                            evidence={"waited": waited, "max_wait_steps": self.session.max_wait_steps},
-                        )
-                    )
-        return out
-
-
-def engine_session(
-    spec: str,
-    num_draft_tokens: int,
-    eos_token_id: int | None,
-    pad_token_id: int,
-    model: str = "transparent",
-    **options: Any,
-) -> EngineSession:
-    """A session judged by `EngineJudge` (the state machine's and replay's)."""
-    return EngineSession(spec, num_draft_tokens, eos_token_id, pad_token_id, model, judge=EngineJudge, **options)
+                tenure.served.append(step)
+            elif not crowded and not self.session.book.requests[r].aborted:
+                tenure.waiting.add(step)
+        return overdue(self.ledger)
 
 
 @dataclass(frozen=True)
@@ -468,48 +410,31 @@ class EngineDiagnosis:
         return asdict(self)
 
 
-def engine_signature(first: Violation, reproducer: dict[str, Any]) -> tuple[str, str]:
-    """The registry's signature of an engine's first violation. Every check but equivalence maps
-    from the violation's fields; a wrong token is judged as a decoder's is (`alone_signature`):
-    the request re-run alone on the same engine, an invariant broken there names it, a wrong
-    token there is a bonus error, none is bookkeeping."""
-    if first.check != "equivalence":
-        return check_named(first.check).signature(first, None)
-    add = next((op for op in reproducer["ops"] if op["op"] == "add" and op["id"] == first.request), None)
-    alone = [] if add is None else replay(dict(reproducer, ops=[add, {"op": "drain"}]))
-    seen = alone[0] if alone else None
-    return alone_signature(first.request or 0, seen, seen is not None and seen.check == "equivalence")
-
-
-def diagnose_engine(violations: list[Violation], reproducer: dict[str, Any]) -> EngineDiagnosis:
-    """The diagnosis of an engine failure from its violations and the rules that gave them."""
-    first = violations[0]
-    signature, reason = engine_signature(first, reproducer)
-    step = first.evidence.get("step")
-    return EngineDiagnosis(
-        first.check, first.rule, step, first.call, first.request, first.row, first.slot, signature, reason
-    )
+Diagnose = Callable[[list[Violation], dict[str, Any]], EngineDiagnosis]
+"""How a failure is diagnosed (`specaudit.search.engine_replay.diagnose_engine`): a wrong token's
+signature replays its request alone, a model run this layer leaves to the one above."""
 
 
 class EngineFailure(AssertionError):
     """A step broke a check: the violations, the JSON reproducer of the rules so far, and the
-    diagnosis (computed when first asked for: a wrong token re-runs its request alone)."""
+    diagnosis (made by `diagnose` when first asked for: a wrong token re-runs its request alone)."""
 
-    def __init__(self, violations: list[Violation], reproducer: dict[str, Any]) -> None:
+    def __init__(self, violations: list[Violation], reproducer: dict[str, Any], diagnose: Diagnose) -> None:
         self.violations = violations
         self.reproducer = reproducer
+        self.diagnose = diagnose
         super().__init__(violations, reproducer)
 
     def __str__(self) -> str:
         return (
             f"engine {self.reproducer['engine']} after {len(self.reproducer['ops'])} rules:\n"
             f"{self.diagnosis.render()}\n{render(self.violations)}\n"
-            f"reproducer (specaudit.checks.engine.replay):\n{json.dumps(self.reproducer)}"
+            f"reproducer (specaudit.search.engine_replay.replay):\n{json.dumps(self.reproducer)}"
         )
 
-    def __reduce__(self) -> tuple[type[EngineFailure], tuple[list[Violation], dict[str, Any]]]:
+    def __reduce__(self) -> tuple[type[EngineFailure], tuple[list[Violation], dict[str, Any], Diagnose]]:
         """Pickled by its arguments: `specaudit audit` sends verdicts back from worker processes."""
-        return EngineFailure, (self.violations, self.reproducer)
+        return EngineFailure, (self.violations, self.reproducer, self.diagnose)
 
     @property
     def first_check(self) -> str:
@@ -517,37 +442,4 @@ class EngineFailure(AssertionError):
 
     @functools.cached_property
     def diagnosis(self) -> EngineDiagnosis:
-        return diagnose_engine(self.violations, self.reproducer)
-
-
-def replay(reproducer: dict[str, Any] | str | Path) -> list[Violation]:
-    """Run a logged rule sequence again; returns the violations of the first failing rule ([] if none)."""
-    if isinstance(reproducer, (str, Path)):
-        text = Path(reproducer).read_text() if Path(str(reproducer)).exists() else str(reproducer)
-        reproducer = json.loads(text)
-    if reproducer.get("format") == ENVELOPE_FORMAT:  # a reproducer file: the rules are its subject and payload
-        reproducer = {**reproducer["subject"], **reproducer["payload"]}
-    session = engine_session(
-        reproducer["engine"],
-        int(reproducer["num_draft_tokens"]),
-        reproducer["eos_token_id"],
-        int(reproducer["pad_token_id"]),
-        str(reproducer.get("model", "transparent")),  # written before engines ran on tiny real models
-    )
-    try:
-        for op in reproducer["ops"]:
-            if op["op"] == "add":
-                accept = tuple(c == "1" for c in op["accept"])
-                session.add(Request(int(op["id"]), tuple(op["prompt"]), int(op["max_new_tokens"]), accept))
-            elif op["op"] == "abort":
-                session.abort(int(op["id"]))
-            elif op["op"] == "step":
-                session.step()
-            elif op["op"] == "drain":
-                session.ops.append(op)
-                session.drain()
-    except EngineFailure as failure:
-        return failure.violations
-    finally:
-        session.close()
-    return []
+        return self.diagnose(self.violations, self.reproducer)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -247,27 +247,44 @@ def flat_cache(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], dtype: torch
 
 
 class KVReader:
-    """Compares a row's attended past K/V with the batch-size-1 entries of its tokens."""
+    """Compares a row's attended past K/V with the batch-size-1 entries of its tokens: a decoder
+    run's rows (`of_run`) and an engine's (`specaudit.checks.engine`) alike.
 
-    def __init__(self, run: Run, sequences: Sequence[tuple[int, ...]]) -> None:
-        self.run = run
-        dtype = DTYPES[run.case.dtype]
+    `sources` are K/V at hand, (tokens, [n, F] entries of them); `entries(tokens)` makes one
+    batch-size-1 run of tokens that no source covers (the run's or the session's to make)."""
+
+    def __init__(
+        self,
+        dtype: torch.dtype,
+        sequences: Sequence[tuple[int, ...]],
+        sources: Sequence[tuple[tuple[int, ...], torch.Tensor]],
+        entries: Callable[[tuple[int, ...]], torch.Tensor],
+        pad: int,
+        kv_noise: float | None = None,
+    ) -> None:
         self.rtol, self.atol = KV_TOLERANCE[dtype]
         self.work = torch.float64 if dtype == torch.float64 else torch.float32
-        noise = run.noise
-        finite = noise is not None and math.isfinite(noise.kv_max)
+        finite = kv_noise is not None and math.isfinite(kv_noise)
         # at least the dtype's atol: a floor measured as 0 (identical arithmetic) still leaves rounding room
-        self.bound = max(KV_NOISE_MULTIPLE * noise.kv_max, self.atol) if finite and noise else None
-        self.pad = run.case.pad_token_id
-        self.sequences = list(sequences)  # per request: prompt + the decoder's output
-        self.sources: list[tuple[tuple[int, ...], torch.Tensor]] = [  # (tokens, [n, F] K/V of them)
-            (tuple(prompt) + tuple(o.tokens), o.kv.to(self.work))
-            for prompt, o in zip(run.case.prompts, run.oracle)
-            if o.kv is not None
-        ]
+        self.bound = max(KV_NOISE_MULTIPLE * kv_noise, self.atol) if finite and kv_noise is not None else None
+        self.pad = pad
+        self.sequences = list(sequences)  # per request: its tokens (a decoder's prompt + output)
+        self.sources = [(tuple(tokens), kv.to(self.work)) for tokens, kv in sources]
+        self.compute = entries
         self.forwards = 0  # batch-size-1 target forwards spent (the oracle's cache spares most)
         self._call: tuple[int, torch.Tensor] | None = None  # the last call read, as [B, S, F]
         self._pad: torch.Tensor | None = None
+
+    @classmethod
+    def of_run(cls, run: Run, sequences: Sequence[tuple[int, ...]]) -> KVReader:
+        """A decoder run's reader: the oracle's kept caches at hand, `run.entries` for the rest."""
+        kept = [
+            (tuple(prompt) + tuple(o.tokens), o.kv)
+            for prompt, o in zip(run.case.prompts, run.oracle)
+            if o.kv is not None
+        ]
+        noise = None if run.noise is None else run.noise.kv_max
+        return cls(DTYPES[run.case.dtype], sequences, kept, run.entries, run.case.pad_token_id, noise)
 
     # references
 
@@ -278,7 +295,7 @@ class KVReader:
         for seq, kv in self.sources:
             if kv.shape[0] >= n and seq[:n] == want:
                 return seq, kv
-        kv = self.run.entries(tokens).to(self.work)
+        kv = self.compute(tokens).to(self.work)
         self.forwards += 1
         self.sources.append((tokens, kv))
         return tokens, kv
@@ -297,7 +314,7 @@ class KVReader:
     def pad_entry(self) -> torch.Tensor:
         """[F] the pad token alone at position 0 (one batch-size-1 forward of one token, once)."""
         if self._pad is None:
-            self._pad = self.run.entries((self.pad,)).to(self.work)[0]
+            self._pad = self.compute((self.pad,)).to(self.work)[0]
             self.forwards += 1
         return self._pad
 
@@ -323,6 +340,19 @@ class KVReader:
             first = torch.where(bad.any(1), bad.int().argmax(1), n)
             out[:, r] = torch.minimum(first, obs.past)
         return out
+
+    def at(self, call: CallRecord, row: int, slots: Sequence[int]) -> torch.Tensor | None:
+        """[L, F] the K/V the call left in `slots` of `row` (None: a cache-free call)."""
+        if not call.cache_after:
+            return None
+        return self.flat(call)[row, torch.tensor(list(slots), dtype=torch.long)]
+
+    def holds(self, call: CallRecord, row: int, slots: Sequence[int], tokens: tuple[int, ...]) -> bool:
+        """Whether `slots` of `row` hold the batch-size-1 entries of `tokens`, one per slot."""
+        found = self.at(call, row, slots)
+        if found is None or len(slots) != len(tokens):
+            return False
+        return bool(self.same_slots(found[None], self.reference(tokens, len(tokens))[1][: len(tokens)]).all())
 
     def same_slots(self, found: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
         """[B, n] whether found [B, n, F] holds want [n, F] slot by slot, as `first_mismatch` judges."""
@@ -436,7 +466,7 @@ class RowFollower:
         self.exact = is_exact(run.case.model)
         self.prompts = run.case.prompts
         self.sequences = [p + tuple(o) for p, o in zip(self.prompts, run.outputs)]
-        self.kv = None if self.exact else KVReader(run, self.sequences)
+        self.kv = None if self.exact else KVReader.of_run(run, self.sequences)
         self.lengths = torch.tensor([len(s) for s in self.sequences])  # [R]
         width = int(self.lengths.max())
         self.table = torch.tensor([list(s) + [NO_TOKEN] * (width - len(s)) for s in self.sequences])  # [R, Ls]

@@ -13,6 +13,7 @@ from dataclasses import replace
 import torch
 
 from specaudit.checks import RowView, row_views
+from specaudit.checks.liveness import Ledger, overdue, unfinished
 from specaudit.contracts.case import Case
 from specaudit.contracts.violation import Violation
 from specaudit.fixtures.pairs import is_exact
@@ -37,87 +38,37 @@ def declared_bound(run: Run) -> int | None:
 
 
 def check_liveness(run: Run, max_wait_calls: int | None) -> list[Violation]:
-    """Every request finishes (EOS or the limit); with a stated bound, no request waits longer.
-
-    A wait is counted in other target calls: from the start of `generate` to the request's
-    first target call (queue time), and between two of its calls once it is under way.
-    """
+    """Every request finishes (EOS or the limit); with a stated bound, no request waits longer
+    (`specaudit.checks.liveness` over the run's ledger)."""
     if run.outputs is None:
         return []
-    violations = [unfinished(run, r) for r, tokens in enumerate(run.outputs) if not finished(run, tokens)]
-    if max_wait_calls is None:
-        return violations
+    ledger = decoder_ledger(run, max_wait_calls)
+    return unfinished(ledger) + overdue(ledger)
+
+
+def decoder_ledger(run: Run, max_wait_calls: int | None) -> Ledger:
+    """A decoder run's ledger, in target calls. A request waits from the start of `generate` to
+    its first call (queue time), counting only calls with room for it (all of them, or, for a
+    decoder declaring `max_batch_size`, those made while fewer than that many requests were
+    under way: a full decoder may keep a request queued), then every call it misses until its last."""
+    assert run.outputs is not None
     by_request = calls_by_request(run)
     capacity = getattr(run.instance, "max_batch_size", None)
-    for request, calls in by_request.items():
-        violations += queue_wait(request, calls, max_wait_calls, queued_calls(by_request, calls, capacity))
-        violations += gaps_between_calls(request, calls, max_wait_calls)
-    return violations
-
-
-def queued_calls(by_request: dict[int, list[int]], calls: list[int], capacity: int | None) -> int:
-    """Target calls before the request's first one that count as waiting: all of them, or, for a
-    decoder declaring `max_batch_size`, those made while fewer than that many requests were
-    under way (between their first and last call): a full decoder may keep a request queued."""
-    if not calls:
-        return 0
-    if capacity is None:
-        return calls[0]
     spans = [(c[0], c[-1]) for c in by_request.values() if c]
-    return sum(1 for c in range(calls[0]) if sum(first <= c <= last for first, last in spans) < capacity)
+    ledger = Ledger("target calls", max_wait_calls, "max_wait_calls")
+    for r, tokens in enumerate(run.outputs):
+        tenure = ledger.tenure(r, run.case.max_new_tokens, row=r)
+        tenure.tokens, tenure.finished = len(tokens), finished(run, tokens)
+        calls = tenure.served = by_request.get(r, [])
+        if calls:
+            room = [c for c in range(calls[0]) if capacity is None or sum(a <= c <= b for a, b in spans) < capacity]
+            tenure.waiting = set(room) | set(range(calls[0], calls[-1])) - set(calls)
+    return ledger
 
 
 def finished(run: Run, tokens: list[int]) -> bool:
     eos = run.case.eos_token_id
     return len(tokens) >= run.case.max_new_tokens or bool(tokens and eos is not None and tokens[-1] == eos)
-
-
-def unfinished(run: Run, r: int) -> Violation:
-    tokens = run.outputs[r] if run.outputs is not None else []
-    return Violation(
-        "liveness",
-        "request-finishes",
-        f"{len(tokens)} tokens without EOS",
-        f"EOS or {run.case.max_new_tokens} tokens",
-        row=r,
-        request=r,
-        evidence={"tokens": len(tokens), "max_new_tokens": run.case.max_new_tokens},
-    )
-
-
-def queue_wait(request: int, calls: list[int], bound: int, waited: int) -> list[Violation]:
-    """A request first served in target call c waited `waited` of the c calls before it."""
-    if not calls or waited <= bound:
-        return []
-    first = calls[0]
-    return [
-        Violation(
-            "liveness",
-            "bounded-queue",
-            f"{waited} target calls with room before request {request} first took part (in target call {first})",
-            f"at most {bound} (the decoder's max_wait_calls), counted from the start of generate",
-            call=first,
-            request=request,
-            evidence={"wait": waited, "since": None, "bound": bound},
-        )
-    ]
-
-
-def gaps_between_calls(request: int, calls: list[int], bound: int) -> list[Violation]:
-    """Other target calls between two consecutive calls that include the request."""
-    return [
-        Violation(
-            "liveness",
-            "bounded-wait",
-            f"{after - before - 1} target calls without request {request} between calls {before} and {after}",
-            f"at most {bound} (the decoder's max_wait_calls)",
-            call=after,
-            request=request,
-            evidence={"wait": after - before - 1, "since": before, "bound": bound},
-        )
-        for before, after in zip(calls, calls[1:])
-        if after - before - 1 > bound
-    ]
 
 
 def is_grouped(run: Run, call: int) -> bool:

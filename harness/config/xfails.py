@@ -11,8 +11,10 @@ so a new failure cannot hide behind a known one. Torch-free: the CLI and the pyt
 load it before anything heavy.
 
 A typo must not silently match nothing, so each entry is validated on load: the decoder is a
-`module:attr` spec (or a pattern with `*`), the check a check of the registry and the rule one
-that check emits (`specaudit.contracts.rules`); a partial wildcard (`I*`) must match at least one name.
+`module:attr` spec (or a pattern with `*`), the model a built-in model (`specaudit.contracts.builtins`:
+known failures apply to the built-in models only, the real-model mode refuses --xfails), the check a
+check of the registry and the rule one that check emits (`specaudit.contracts.rules`); a partial
+wildcard (`I*`, `q*`) must match at least one name.
 Entries are marked as they match, and the commands list those that matched no failure.
 """
 
@@ -24,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.rules import CHECK_NAMES, CHECK_RULES
 
@@ -103,6 +106,8 @@ def validate(entry: KnownFailure) -> None:
             f"{where}: decoder {entry.decoder!r} is not a decoder spec; "
             "should be module:attr, '*' allowed (e.g. specaudit.reference.mutants:* or *)"
         )
+    if not _first_match(entry.model, MODELS):  # a misspelt model (`gtp2`) would never match a violation
+        raise UsageError(f"{where}: unknown model {entry.model!r}; should be one of {', '.join(MODELS)} or *")
     checks = [c for c in CHECK_NAMES if _pattern(entry.check).fullmatch(c)]
     if not checks:
         raise UsageError(f"{where}: unknown check {entry.check!r}; should be one of {', '.join(CHECK_NAMES)} or *")

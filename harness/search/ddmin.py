@@ -50,12 +50,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from specaudit.checks.diagnosis import Diagnosis, diagnose
-from specaudit.checks.engine import replay
 from specaudit.config.settings import DEFAULT_MINIMIZE_BUDGET
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.violation import Violation
 from specaudit.running.runner import Run, run_case
+from specaudit.search.engine_replay import replay
 from specaudit.search.strategies import ambiguous
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ others run; the event "duplicate prompt among concurrent requests", in a third t
 of runs) or differing from every other within the shorter one, so a row's candidates share one
 history and the binder tells duplicates apart by progress.
 
-The machine logs its rules as a JSON reproducer; `specaudit.checks.engine.replay` runs one
+The machine logs its rules as a JSON reproducer; `specaudit.search.engine_replay.replay` runs one
 again without Hypothesis and returns its violations.
 """
 
@@ -26,12 +26,13 @@ from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from specaudit.checks.engine import EngineFailure, engine_session
+from specaudit.checks.engine import EngineFailure
 from specaudit.contracts.decoder import ContractError
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.running.engine_session import DTYPE, EngineSession, Request
 from specaudit.running.runner import oracle_continuation
 from specaudit.search.determinism import without_local_constants
+from specaudit.search.engine_replay import diagnose_engine, engine_session
 from specaudit.search.strategies import SCHEDULE_DRAWS, pattern_from_rounds, rounds_for
 
 DEFAULT_ENGINES = (
@@ -254,7 +255,7 @@ def machine_failure(exc: BaseException, spec: str, model: str) -> EngineFailure 
         return engine_failure_in(exc)
     violation = exc.violation()
     reproducer = {"engine": spec, "num_draft_tokens": 1, "eos_token_id": None, "pad_token_id": 0, "model": model}
-    return EngineFailure([violation], dict(reproducer, ops=[]))
+    return EngineFailure([violation], dict(reproducer, ops=[]), diagnose_engine)
 
 
 def run_machine(

@@ -156,6 +156,9 @@ def test_engine_writer_round_trips(tmp_path: Path) -> None:
     assert back.kind == "engine-ops" and back.engine_rules() == rules, back
     assert back.evidence["rule"] == "has-unfinished" and first_class(replay(path)) == recorded(back)
     assert back.evidence["signature"] == "contract", back.evidence  # the engine diagnosis's, kept with the rules
+    diagnosis = back.evidence.get("diagnosis") or {}  # the whole diagnosis beside it: where the failure is
+    assert (diagnosis.get("first_check"), diagnosis.get("signature")) == ("contract", "contract"), back.evidence
+    assert {"step", "call", "request", "row", "slot", "reason"} <= set(diagnosis), diagnosis
     compile(test.read_text(), str(test), "exec")
 
 

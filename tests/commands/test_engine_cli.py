@@ -16,12 +16,12 @@ import pytest
 
 from specaudit.artifacts.audit import audit_engine, audit_plan, engine_plan, planted_engine_bugs
 from specaudit.artifacts.reproducer import load_engine_reproducer
-from specaudit.checks.engine import replay
 from specaudit.commands.cli import main
 from specaudit.config.settings import AuditSettings
 from specaudit.contracts.builtins import MODELS
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
 from specaudit.search.engine_machine import DEFAULT_ENGINES, ENGINE_CHECKS
+from specaudit.search.engine_replay import replay
 
 EQSPEC_ENGINE = "specaudit.reference.engines:EqSpecEngine"
 ADMIT_POSITIONS = "specaudit.reference.engine_mutants:AdmitPositionsFromWidth"

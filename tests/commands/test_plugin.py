@@ -283,9 +283,12 @@ def run_engine_property(pytester: pytest.Pytester, *args: str) -> pytest.RunResu
 def test_failing_engine_property_writes_a_replayable_reproducer(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A failing engine property writes its shrunk rule sequence to --specaudit-out; `specaudit
-    replay FILE --engine SPEC` fails it again with the same check and rule."""
+    """A failing engine property writes its shrunk rule sequence to --specaudit-out, with the engine
+    diagnosis in the evidence (where a decoder's signature goes): the catalog's signature, check and
+    rule for the planted bug. `specaudit replay FILE` (its own engine, or --engine SPEC) fails it
+    again with the same check and rule."""
     from specaudit.commands.cli import main
+    from specaudit.reference.engine_mutants import ENGINE_CATALOG
 
     monkeypatch.delenv("CI", raising=False)
     out = pytester.path / "repro"
@@ -300,11 +303,23 @@ def test_failing_engine_property_writes_a_replayable_reproducer(
     record = {**written_back.engine_rules(), **written_back.evidence}
     assert written_back.kind == "engine-ops" and record["engine"] == FREE_LIST, record
     assert record["model"] == "transparent" and record["ops"], record
-    capsys.readouterr()
-    assert main(["replay", str(written[0]), "--engine", FREE_LIST, "--json"]) == 1, "the replay should fail"
-    replayed = json.loads(capsys.readouterr().out)
-    found, expected = (replayed["first_check"], replayed["rule"]), (record["first_check"], record["rule"])
-    assert found == expected, f"replay of {written[0]} failed {found}, the property {expected}"
+    bug = ENGINE_CATALOG[FREE_LIST.rsplit(":", 1)[1]].bug
+    assert record.get("signature") == bug.signature, f"{written[0]}: signature {record.get('signature')!r}"
+    diagnosis = record.get("diagnosis") or {}
+    where = ("first_check", "rule", "step", "call", "request", "row", "slot", "signature", "reason")
+    assert set(where) <= set(diagnosis), f"{written[0]}: the evidence's diagnosis {diagnosis} lacks fields"
+    assert (diagnosis["first_check"], diagnosis["rule"], diagnosis["signature"]) == (
+        bug.first_check,
+        bug.rule,
+        bug.signature,
+    ), diagnosis
+    assert (record["first_check"], record["rule"]) == (bug.first_check, bug.rule), record
+    for engine in ([], ["--engine", FREE_LIST]):
+        capsys.readouterr()
+        assert main(["replay", str(written[0]), *engine, "--json"]) == 1, f"the replay {engine} should fail"
+        replayed = json.loads(capsys.readouterr().out)
+        found, expected = (replayed["first_check"], replayed["rule"]), (record["first_check"], record["rule"])
+        assert found == expected, f"replay of {written[0]} {engine} failed {found}, the property {expected}"
 
 
 @pytest.mark.slow

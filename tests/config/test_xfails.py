@@ -1,4 +1,4 @@
-"""Known-failures files: validated on load (a misspelled check, rule or decoder spec is a usage
+"""Known-failures files: validated on load (a misspelled model, check, rule or decoder spec is a usage
 error naming `file:line`, not an entry that silently matches nothing), and the entries no
 failure matched are listed at the end of `specaudit audit`, `specaudit gate` and the pytest
 suite (under pytest-xdist too), without changing the exit status."""
@@ -73,6 +73,10 @@ def test_valid_entries_load_and_start_unused(tmp_path: Path) -> None:
         ("* * * no-such-rule", "unknown rule 'no-such-rule' for checks *", "first-divergence"),
         ("EqSpec gpt2 I2 *", "decoder 'EqSpec' is not a decoder spec", "should be module:attr"),
         ("specaudit.reference.eqspec: gpt2 I2 *", "is not a decoder spec", "specaudit.reference.mutants:*"),
+        ("specaudit.reference.eqspec:EqSpec gtp2 I2 *", "unknown model 'gtp2'", "transparent, llama, qwen3, gpt2 or *"),
+        ("* Llama * *", "unknown model 'Llama'", "should be one of transparent"),  # names match case-sensitively
+        ("* smollm2 * *", "unknown model 'smollm2'", "gpt2 or *"),  # real-model mode takes no --xfails
+        ("* x* * *", "unknown model 'x*'", "gpt2 or *"),  # a partial wildcard matching no model
     ],
 )
 def test_unknown_names_are_usage_errors(tmp_path: Path, line: str, found: str, should: str) -> None:
@@ -80,6 +84,29 @@ def test_unknown_names_are_usage_errors(tmp_path: Path, line: str, found: str, s
     message = load_error(tmp_path, "# header", line)
     assert message.startswith(f"{tmp_path / 'known.txt'}:2: "), message
     assert found in message and should in message and "\n" not in message, message
+
+
+def test_every_built_in_model_and_wildcard_loads(tmp_path: Path) -> None:
+    """No false rejection: each built-in model, `*` and a partial wildcard that matches one load,
+    and each entry matches a violation on the model it names."""
+    from specaudit.contracts.builtins import MODELS
+
+    known = load_xfails(write(tmp_path, *(f"* {model} I2 *" for model in (*MODELS, "*", "q*", "*t*"))))
+    assert [e.model for e in known.entries] == [*MODELS, "*", "q*", "*t*"]
+    for model in MODELS:
+        assert known.matches("mypkg:Dec", model, "I2", "row-identity"), model
+
+
+def test_documented_examples_load(tmp_path: Path) -> None:
+    """The known-failures examples in README.md and docs/gate.md are files a user may copy: they load."""
+    root = Path(__file__).resolve().parents[2]
+    for doc in ("README.md", "docs/gate.md"):
+        blocks = [b.split("```", 1)[0] for b in (root / doc).read_text(encoding="utf-8").split("```text\n")[1:]]
+        examples = [b for b in blocks if b.lstrip().startswith("# decoder")]
+        assert examples, f"{doc} shows no known-failures example"
+        for n, block in enumerate(examples):
+            (tmp_path / f"{n}.txt").write_text(block, encoding="utf-8")  # indented lines split alike
+            assert len(load_xfails(tmp_path / f"{n}.txt")) >= 2, (doc, block)
 
 
 def test_validation_stays_torch_free(tmp_path: Path) -> None:

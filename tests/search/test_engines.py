@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis.stateful import run_state_machine_as_test
 
-from specaudit.checks.engine import EngineFailure, RowRead, bind_rows, engine_session, replay
+from specaudit.checks.engine import EngineFailure, RowRead, bind_rows
 from specaudit.checks.registry import SIGNATURES
 from specaudit.checks.rows import observe
 from specaudit.contracts.engine import EngineLoadError, load_engine
@@ -25,6 +25,7 @@ from specaudit.reference.engines import EqSpecEngine
 from specaudit.running.engine_session import EngineSession, Request, Stream
 from specaudit.search.determinism import without_local_constants
 from specaudit.search.engine_machine import DEFAULT_ENGINES, event_shares, machine_for, machine_settings, run_machine
+from specaudit.search.engine_replay import engine_session, replay
 from specaudit.search.strategies import pattern_from_rounds
 
 CORRECT_ENGINES = (

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from specaudit.checks.engine import replay
 from specaudit.search.engine_machine import run_machine
+from specaudit.search.engine_replay import replay
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
