@@ -279,8 +279,9 @@ class EngineJudge:
     def describe(self, call: CallRecord, row: int, slot: int, index: int, request: int) -> tuple[str, float]:
         """(what `slot` of `row` holds in words, its largest |K/V difference| from entry `index`
         of request `request`'s history)."""
-        assert self.kv is not None
-        kv, tolerance = self.kv, f"tolerance rtol {self.kv.rtol:g}, atol {self.kv.atol:g}"
+        kv = self.kv
+        assert kv is not None
+        tolerance = f"tolerance rtol {kv.rtol:g}, atol {kv.atol:g}"
         want = kv.kept(self.session.tracked[request].sequence, index)  # [F]
         if want is None:
             return f"slot {slot}, past the end of request {request}'s history", math.inf
@@ -317,11 +318,10 @@ class EngineJudge:
         if self.kv is None:
             same = earlier.tokens == now.tokens[:past]
         else:
-            kv = self.kv
             same = (
                 earlier.kv is not None
                 and now.kv is not None
-                and bool(kv.same_slots(now.kv[None, :past], earlier.kv).all())
+                and bool(self.kv.same_slots(now.kv[None, :past], earlier.kv).all())
             )
         return same and not any(earlier.order < c.order < call.order for c in self.session.recording.draft_calls)
 
