@@ -70,9 +70,8 @@ def batch_line(run: RealRun, diagnosis: Diagnosis) -> str:
     ties = numerics_line(run)
     if ties:
         line += f"\n    within the measured noise: {ties}"
-    if not diagnosis.passed:
-        line += f"\n    first violated check: {diagnosis.first_check}; "
-        line += f"signature: {diagnosis.signature} ({diagnosis.reason})"
+    if diagnosis.finding is not None:
+        line += f"\n    {diagnosis.finding.render()}"
         line += "\n" + "\n".join("    " + s for s in render(list(diagnosis.violations), limit=4).splitlines())
     if run.baseline_outputs is not None and run.outputs is not None and run.baseline_outputs != run.outputs:
         line += "\n    note: the instrumented run's output differs from the un-instrumented run's (nondeterminism?)"

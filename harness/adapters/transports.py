@@ -51,6 +51,7 @@ from specaudit.adapters.engine_blackbox import (
     make_requests,
     seeded_arrivals,
 )
+from specaudit.checks.liveness import Ledger, unfinished
 from specaudit.contracts.decoder import ContractError, DecoderTimeout, time_limit, validate_output
 from specaudit.contracts.engine import ENGINE_METHODS, EngineBook
 from specaudit.contracts.violation import Violation
@@ -293,6 +294,7 @@ def drive_steps(
                 break
     except ContractError as exc:
         error = exc.violation()
+    late = unfinished_requests(requests, book, set(done), budget)
     answers = {}
     for r in requests:
         state = book.requests.get(r.id)
@@ -300,10 +302,27 @@ def drive_steps(
         if r.id in done:
             answers[r.id] = Answer(tokens, None, added[r.id], done[r.id])
         else:
-            why = error or contract_violation("finishes", f"unfinished after {budget} steps", r.id, {"budget": budget})
+            why = error or late[r.id]
             found = f"{len(tokens or ())} of {r.max_new_tokens} tokens when the run ended ({why.rule}: {why.found})"
             answers[r.id] = Answer(tokens, replace(why, found=found, request=r.id), added.get(r.id), None)
     return answers, error
+
+
+def unfinished_requests(
+    requests: Sequence[Request], book: EngineBook, done: set[int], budget: int
+) -> dict[int, Violation]:
+    """'request-finishes' over a ledger of the run (`checks.liveness`), as a white-box engine's or a
+    decoder's requests are judged: each request not done within the `budget` of steps."""
+    ledger = Ledger("steps", None, "max_wait_steps")
+    for r in requests:
+        tenure = ledger.tenure(r.id, r.max_new_tokens)
+        state = book.requests.get(r.id)
+        tenure.tokens, tenure.finished = len(state.tokens) if state is not None else 0, r.id in done
+    return {
+        int(v.request): replace(v, evidence={**v.evidence, "steps": budget})
+        for v in unfinished(ledger)
+        if v.request is not None
+    }
 
 
 def audit_callable(

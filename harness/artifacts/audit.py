@@ -17,13 +17,12 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from specaudit.artifacts.report import entry, write_report
 from specaudit.artifacts.reproducer import EVIDENCE_LIMIT, write_engine_failure, write_failure
 from specaudit.checks import equivalence
-from specaudit.checks.diagnosis import Diagnosis, diagnose
-from specaudit.checks.engine import EngineDiagnosis
+from specaudit.checks.diagnosis import Diagnosis, Finding, diagnose
 from specaudit.checks.registry import FAIL, NOT_APPLICABLE, Evaluation, evaluate
 from specaudit.config.settings import AuditSettings
 from specaudit.config.xfails import KnownFailures
@@ -146,12 +145,15 @@ class Verdict:
             "diagnosis": self.diagnosis.to_json() if self.diagnosis else None,
         }
 
+    @property
+    def finding(self) -> Finding | None:
+        """Where the minimal case first went wrong, the shape an engine verdict's diagnosis has."""
+        return None if self.diagnosis is None else self.diagnosis.finding
+
     def report_entry(self) -> dict[str, Any]:
-        d = self.diagnosis
-        subject = {"decoder": self.decoder, "model": self.model}
-        return entry(
-            "decoder", subject, self.passed, d.first if d else None, d.signature if d else None, self.to_json()
-        )
+        f, subject = self.finding, {"decoder": self.decoder, "model": self.model}
+        first, signature = (f.first, f.signature) if f else (None, None)
+        return entry("decoder", subject, self.passed, first, signature, self.to_json())
 
 
 class Progress:
@@ -367,7 +369,7 @@ class EngineVerdict:
         return [] if self.run.failure is None else self.run.failure.violations
 
     @functools.cached_property
-    def diagnosis(self) -> EngineDiagnosis | None:
+    def diagnosis(self) -> Finding | None:
         """The failure's diagnosis (first check, where, signature) on the reproducer kept."""
         return diagnose_engine(self.violations, self.reproducer) if self.violations and self.reproducer else None
 
@@ -394,10 +396,14 @@ class EngineVerdict:
             "reproducer": self.reproducer,
         }
 
+    @property
+    def finding(self) -> Finding | None:
+        return self.diagnosis
+
     def report_entry(self) -> dict[str, Any]:
-        d, first = self.diagnosis, self.violations[0] if self.violations else None
-        subject = {"engine": self.engine, "model": self.model}
-        return entry("engine", subject, self.passed, first, d.signature if d else None, self.to_json())
+        f, subject = self.finding, {"engine": self.engine, "model": self.model}
+        first, signature = (f.first, f.signature) if f else (None, None)
+        return entry("engine", subject, self.passed, first, signature, self.to_json())
 
 
 def audit_engine(
@@ -570,7 +576,15 @@ def item_cost(item: Item) -> float:
     return MODEL_COST.get(item.model, 5.0) / (10.0 if item.engine else 1.0)
 
 
-def run_items(items: list[Item], settings: AuditSettings) -> list[Verdict | EngineVerdict]:
+class Runs(Protocol):
+    """What `run_items` reads of a command's settings (the audit's, the gate's)."""
+
+    jobs: int | None  # worker processes; None: one per available core
+    quiet: bool
+    xfails: KnownFailures  # the entries the workers matched are marked used in it
+
+
+def run_items(items: list[Item], settings: Runs) -> list[Verdict | EngineVerdict]:
     """Every item on `settings.jobs` workers; progress lines as each finishes, results in plan order."""
     decoders = sum(not item.engine for item in items)
     progress = Progress(decoders, enabled=not settings.quiet)

@@ -31,6 +31,12 @@ failure, so a known engine failure ends that search. A failing engine leaves its
 sequence as `<engine>-<model>-engine.json` (replay with `specaudit replay FILE --engine X`)
 and its regression test.
 
+`--jobs N` runs the searches (each decoder x model, then each engine x model) on N worker
+processes, through the audit's own `specaudit.artifacts.audit.run_items`: default
+$SPECAUDIT_JOBS, else one per available core; 1 runs them in this process. Each search is a pure
+function of its arguments and the seed, and the results are collected in plan order, so the
+verdicts, the testcases and their order, and the reproducers do not depend on N (the timings do).
+
 Exit status: 0 when the gate passes, 1 when it fails; bad input is a `UsageError`.
 """
 
@@ -46,14 +52,12 @@ from typing import Any
 
 from specaudit.artifacts.audit import (
     EngineVerdict,
-    Progress,
+    Item,
     Verdict,
-    audit_engine,
-    audit_model,
     engine_file_name,
-    finish_engine,
     format_engine_table,
     format_table,
+    run_items,
 )
 from specaudit.artifacts.reproducer import write_engine_failure, write_failure
 from specaudit.config.settings import GateSettings
@@ -143,11 +147,14 @@ def below_threshold(verdict: Verdict, settings: GateSettings) -> Failure | None:
 
 
 def engine_failure(v: EngineVerdict) -> Failure:
-    """A failing engine's first violation, with all of them and its shrunk rules."""
-    first = v.violations[0]
+    """A failing engine's first violation and signature, as a decoder's, with its diagnosis, all
+    its violations and its shrunk rules."""
+    first, d = v.violations[0], v.diagnosis
     rules = len(v.reproducer["ops"]) if v.reproducer else 0
-    details = f"after {rules} rules:\n{render(v.violations)}\nreproducer: {json.dumps(v.reproducer)}"
-    return Failure(first.check, f"{first.check} violated: {first.render()}", details)
+    signature = f" ({d.signature})" if d is not None else ""
+    head = f"{d.render()}\n" if d is not None else ""
+    details = f"{head}after {rules} rules:\n{render(v.violations)}\nreproducer: {json.dumps(v.reproducer)}"
+    return Failure(first.check, f"{first.check} violated{signature}: {first.render()}", details)
 
 
 def junit_xml(judged: list[Judged], settings: GateSettings, reproducers: list[list[Path]]) -> ET.ElementTree:
@@ -275,6 +282,23 @@ def decoders_line(settings: GateSettings) -> str:
     return f"{len(settings.decoders)} decoder(s) x {len(settings.models)} model(s)"
 
 
+def gate_items(settings: GateSettings) -> list[Item]:
+    """The searches in plan order: every decoder x model (past the known failures, with the
+    search's own shrink budget), then every engine x model through the state machine (Hypothesis
+    shrinking on), each with up to --examples cases or runs."""
+    decoders = [
+        Item(spec, model, False, settings.examples, settings.seed, known=settings.xfails)
+        for spec in settings.decoders
+        for model in settings.models
+    ]
+    engines = [
+        Item(spec, model, False, settings.examples, settings.seed, engine=True)
+        for spec in settings.engines
+        for model in settings.models
+    ]
+    return decoders + engines
+
+
 def run_gate(settings: GateSettings) -> int:
     """`specaudit gate`: exit 0 when every testcase passes or fails only in known ways, else 1."""
     check_outputs(settings)
@@ -285,22 +309,12 @@ def run_gate(settings: GateSettings) -> int:
     engines_line = f", {len(settings.engines)} engine(s) through the engine state machine" if settings.engines else ""
     print(
         f"specaudit gate: {decoders_line(settings)}{engines_line}, "
-        f"{settings.examples} cases each, seed {settings.seed}\n  thresholds: {describe(settings)}"
+        f"{settings.examples} cases each, seed {settings.seed}\n  thresholds: {describe(settings)}",
+        flush=True,  # before the workers start
     )
-    progress = Progress(len(settings.decoders) * len(settings.models), enabled=not settings.quiet)
-    verdicts = []
-    for spec in settings.decoders:
-        for model in settings.models:
-            verdict = audit_model(
-                spec, model, settings.examples, settings.seed, progress=progress, known=settings.xfails
-            )
-            progress.finish_item(verdict)
-            verdicts.append(verdict)
-    engines = []
-    plan = [(spec, model) for spec in settings.engines for model in settings.models]
-    for i, (spec, model) in enumerate(plan, 1):
-        engines.append(audit_engine(spec, settings.examples, settings.seed, model=model))
-        finish_engine(engines[-1], i, len(plan), settings.quiet)
+    results = run_items(gate_items(settings), settings)
+    verdicts = [v for v in results if isinstance(v, Verdict)]
+    engines = [v for v in results if isinstance(v, EngineVerdict)]
     if verdicts:
         print(format_table(verdicts))
     if engines:

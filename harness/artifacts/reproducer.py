@@ -29,9 +29,9 @@ import pprint
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specaudit.checks.diagnosis import Diagnosis
+from specaudit.checks.diagnosis import Diagnosis, Finding
 from specaudit.checks.registry import all_violations
 from specaudit.contracts.builtins import MODELS, check_model
 from specaudit.contracts.case import CASE_FORMAT, ENVELOPE_FORMAT, Case, CaseFormatError
@@ -42,9 +42,6 @@ from specaudit.contracts.violation import Violation, render
 from specaudit.running.runner import Run, run_case
 from specaudit.search.engine_replay import diagnose_engine
 from specaudit.search.engine_replay import replay as replay_rules
-
-if TYPE_CHECKING:
-    from specaudit.checks.engine import EngineDiagnosis
 
 EVIDENCE_LIMIT = 20
 """Violations kept in a reproducer: the first ones name the bug; the rest repeat it."""
@@ -71,7 +68,7 @@ def remember_failure(run: Run, violations: list[Violation], node: Any = None) ->
 
 
 def remember_engine_failure(
-    reproducer: dict[str, Any], violations: list[Violation], node: Any, diagnosis: EngineDiagnosis | None = None
+    reproducer: dict[str, Any], violations: list[Violation], node: Any, diagnosis: Finding | None = None
 ) -> None:
     """Note a failing engine rule sequence on its pytest item, as the engine reproducer
     `specaudit replay FILE --engine X` reads (`engine_failure_record`), with its diagnosis, so the
@@ -97,8 +94,9 @@ def identifier(text: str) -> str:
 
 def write_reproducer(directory: Path, name: str, failure: dict[str, Any]) -> Path:
     """`DIR/<name>.json` from a `failure_record`: a decoder-case reproducer (real-model when the
-    case runs on `external:` models)."""
-    return save(directory, name, decoder_reproducer(failure))
+    case runs on `external:` models). A record's "signature", where its writer diagnosed it (the
+    pytest plugin, once, when it writes the file), goes in the evidence, as `write_failure`'s does."""
+    return save(directory, name, decoder_reproducer(failure, failure.get("signature")))
 
 
 _TEMPLATE = '''"""Regression test written by specaudit: a minimized failing case, embedded.
@@ -183,7 +181,7 @@ ENGINE_OPS = {"add": ("id", "prompt", "max_new_tokens", "accept"), "step": (), "
 
 
 def engine_failure_record(
-    reproducer: dict[str, Any], violations: list[Violation], diagnosis: EngineDiagnosis | None = None
+    reproducer: dict[str, Any], violations: list[Violation], diagnosis: Finding | None = None
 ) -> dict[str, Any]:
     """What an engine reproducer file holds: the rules to replay, then the evidence they gave and,
     where the writer diagnosed it (`specaudit.search.engine_replay.diagnose_engine`), the signature

@@ -33,12 +33,64 @@ __all__ = [
     "CHECK_ORDER",
     "SIGNATURES",
     "Diagnosis",
+    "Finding",
     "all_violations",
     "diagnose",
     "i1_signature",
     "i2_signature",
     "single_row",
 ]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Where a failing subject first went wrong, as every subject's diagnosis says it (a decoder
+    run's, an engine's): the first violation, the signature the registry maps it to and why, and
+    for an engine the step it broke at."""
+
+    first: Violation
+    signature: str
+    reason: str
+    step: int | None = None  # an engine's step() calls so far, the failing one included (0: before any)
+
+    @property
+    def first_check(self) -> str:
+        return self.first.check
+
+    @property
+    def rule(self) -> str:
+        return self.first.rule
+
+    @property
+    def call(self) -> int | None:
+        return self.first.call
+
+    @property
+    def request(self) -> int | None:
+        return self.first.request
+
+    @property
+    def row(self) -> int | None:
+        return self.first.row
+
+    @property
+    def slot(self) -> int | None:
+        return self.first.slot
+
+    def where(self) -> dict[str, int | None]:
+        return {"step": self.step, "call": self.call, "request": self.request, "row": self.row, "slot": self.slot}
+
+    def render(self) -> str:
+        names = {"call": "target call"}
+        at = ", ".join(f"{names.get(k, k)} {v}" for k, v in self.where().items() if v is not None)
+        return (
+            f"first violated check: {self.first_check} ({self.rule}){f' at {at}' if at else ''}; "
+            f"signature: {self.signature} ({self.reason})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"first_check": self.first_check, "rule": self.rule, **self.where(), "signature": self.signature,
+                "reason": self.reason}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,6 +109,13 @@ class Diagnosis:
     violations: tuple[Violation, ...]
     checks: tuple[tuple[str, str], ...] = ()  # (check, "pass" | "fail" | "not applicable"), in registry order
     not_applicable: tuple[tuple[str, str], ...] = ()  # (check, why) for the checks that could not judge the run
+
+    @property
+    def finding(self) -> Finding | None:
+        """The failure's first violation and signature, in the shape an engine's diagnosis has."""
+        if self.first is None or self.signature is None:
+            return None
+        return Finding(self.first, self.signature, self.reason)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,8 +143,8 @@ class Diagnosis:
         statuses = [f"{name} {status}" + (f" ({why[name]})" if name in why else "") for name, status in self.checks]
         if statuses:
             lines.append("  checks: " + ", ".join(statuses))
-        if not self.passed:
-            lines.append(f"  first violated check: {self.first_check}; signature: {self.signature} ({self.reason})")
+        if self.finding is not None:
+            lines.append(f"  {self.finding.render()}")
             lines += ["  " + line for line in render(list(self.violations)).splitlines()]
         return "\n".join(lines)
 

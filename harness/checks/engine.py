@@ -24,12 +24,13 @@ real model (float64) the past slots show K/V: a row's past slot holds entry i of
 its K/V equal that request's batch-size-1 entry i within the dtype's tolerance (the decoder's
 `checks.rows.KVReader`, reading the session's `KVReferences`: `engine_reader`).
 
-A failure carries its diagnosis (`EngineDiagnosis`): the first violated check and rule, the
-engine step, target call, request, row and slot, and the paper's signature, mapped from the
-first violation by the registry as a decoder run's is. Every violation notes its step in
-`evidence["step"]`, so `diagnose_engine(violations, reproducer)` rebuilds it after a `replay`.
-Both live a layer up (`specaudit.search.engine_replay`): a wrong token's signature replays its
-request alone, and checks run no model; the judge is handed the diagnosis to attach.
+A failure carries its diagnosis, a `checks.diagnosis.Finding` as a decoder run's diagnosis has:
+the first violated check and rule, the engine step, target call, request, row and slot, and the
+paper's signature, mapped from the first violation by the registry as a decoder run's is. Every
+violation notes its step in `evidence["step"]`, so `diagnose_engine(violations, reproducer)`
+rebuilds it after a `replay`. Both live a layer up (`specaudit.search.engine_replay`): a wrong
+token's signature replays its request alone, and checks run no model; the judge is handed the
+diagnosis to attach.
 """
 
 from __future__ import annotations
@@ -38,15 +39,16 @@ import functools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specaudit.checks.diagnosis import Finding
 from specaudit.checks.equivalence import margin_witness, tie_aware
 from specaudit.checks.i1 import i1_call_violations
 from specaudit.checks.liveness import Ledger, Tenure, overdue, unfinished
-from specaudit.checks.rows import UNKNOWN, KVReader, Observation, common_prefixes, observe
+from specaudit.checks.rows import UNKNOWN, KVReader, Observation, assign, common_prefixes, draft_between, observe
 from specaudit.contracts.violation import Violation, render
 from specaudit.numerics.tolerance import DTYPES
 from specaudit.running.engine_session import DTYPE, Stream
@@ -79,24 +81,19 @@ class RowRead:
 
 def bind_rows(reads: list[RowRead], eligible: set[int]) -> list[tuple[RowRead, int, int]]:
     """(read, request, holder row) for each row: rows matched one to one with live requests
-    among their candidates (augmenting paths, each row trying its candidates in order), so two
+    among their candidates by the decoder's matching (`checks.rows.assign`: each row's
+    candidates scored by how long a prefix it holds, then by its order of preference), so two
     requests with one history (duplicate prompts) take one row each, whichever way round: their
     histories are identical, so either binding judges the same. A row left over holds a retired
     candidate if it can, else its first candidate again (held by `holder`: a duplicate row)."""
-    by_row = {read.row: read for read in reads}
-    owner: dict[int, int] = {}  # request -> row
-
-    def augment(read: RowRead, seen: set[int]) -> bool:
-        for r in read.candidates:
-            if r in eligible and r not in seen:
-                seen.add(r)
-                if r not in owner or augment(by_row[owner[r]], seen):
-                    owner[r] = read.row
-                    return True
-        return False
-
-    for read in reads:
-        augment(read, set())
+    ids = sorted({r for read in reads for r in read.candidates})
+    column = {r: j for j, r in enumerate(ids)}
+    score = torch.full((len(reads), len(ids)), -1.0)  # [B, R] -1: not a live candidate of the row
+    for b, read in enumerate(reads):
+        live = [r for r in read.candidates if r in eligible]
+        for rank, r in enumerate(live):  # a longer held prefix first, then the row's preference
+            score[b, column[r]] = read.matched * (len(ids) + 1) + len(live) - rank
+    owner = {ids[j]: reads[b].row for b, j in assign(score)}  # request -> row
     bound = {row: r for r, row in owner.items()}
     for read in reads:
         if read.row not in bound:
@@ -323,7 +320,8 @@ class EngineJudge:
                 and now.kv is not None
                 and bool(self.kv.same_slots(now.kv[None, :past], earlier.kv).all())
             )
-        return same and not any(earlier.order < c.order < call.order for c in self.session.recording.draft_calls)
+        orders = sorted(c.order for c in self.session.recording.draft_calls)
+        return same and not draft_between(orders, earlier.order, call.order)
 
     def equivalence(self) -> list[Violation]:
         """Each request's tokens so far are a prefix of the oracle's output, compared as a
@@ -373,44 +371,7 @@ class EngineJudge:
         return overdue(self.ledger)
 
 
-@dataclass(frozen=True)
-class EngineDiagnosis:
-    """An engine failure as a decoder run's diagnosis puts it: the first violated check and rule,
-    where (engine step, target call, request, row, slot), and the paper's signature, which the
-    registry maps from the first violation (`specaudit.checks.registry`, as for decoder runs)."""
-
-    first_check: str
-    rule: str
-    step: int | None  # the engine's step() calls so far, the failing one included (0: before any)
-    call: int | None  # target call
-    request: int | None
-    row: int | None
-    slot: int | None
-    signature: str
-    reason: str
-
-    def render(self) -> str:
-        where = [
-            f"{name} {value}"
-            for name, value in (
-                ("step", self.step),
-                ("target call", self.call),
-                ("request", self.request),
-                ("row", self.row),
-                ("slot", self.slot),
-            )
-            if value is not None
-        ]
-        at = f" at {', '.join(where)}" if where else ""
-        return (
-            f"first violated check: {self.first_check} ({self.rule}){at}; signature: {self.signature} ({self.reason})"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-Diagnose = Callable[[list[Violation], dict[str, Any]], EngineDiagnosis]
+Diagnose = Callable[[list[Violation], dict[str, Any]], Finding]
 """How a failure is diagnosed (`specaudit.search.engine_replay.diagnose_engine`): a wrong token's
 signature replays its request alone, a model run this layer leaves to the one above."""
 
@@ -441,5 +402,5 @@ class EngineFailure(AssertionError):
         return self.violations[0].check
 
     @functools.cached_property
-    def diagnosis(self) -> EngineDiagnosis:
+    def diagnosis(self) -> Finding:
         return self.diagnose(self.violations, self.reproducer)

@@ -12,6 +12,7 @@ are this module's:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -62,10 +63,12 @@ class Wait:
 
 def waits(tenure: Tenure) -> Iterator[Wait]:
     """The tenure's stretches between services, the open one after the last included."""
+    waiting = sorted(tenure.waiting)
     previous: int | None = None
-    for tick in [*tenure.served, None]:
-        counted = sum(1 for t in tenure.waiting if (previous is None or t > previous) and (tick is None or t < tick))
-        yield Wait(tenure.request, previous, tick, counted)
+    for tick in [*tenure.served, None]:  # the waiting ticks strictly between two services, by bisection
+        lo = 0 if previous is None else bisect.bisect_right(waiting, previous)
+        hi = len(waiting) if tick is None else bisect.bisect_left(waiting, tick)
+        yield Wait(tenure.request, previous, tick, max(0, hi - lo))
         previous = tick
 
 

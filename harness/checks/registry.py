@@ -161,6 +161,13 @@ def scheduling_signature(reason: str) -> Callable[[Violation, Run], Signature]:
     return lambda first, run: ("scheduling", reason)
 
 
+def liveness_signature(first: Violation, run: Run | None) -> Signature:
+    """Scheduling, in the subject's own unit (a decoder's target calls, an engine's steps)."""
+    if first.rule == "request-finishes":
+        return "scheduling", "a request never finished"
+    return "scheduling", f"a request waited past its declared bound: {first.found}, wanted {first.expected}"
+
+
 # ---------------------------------------------------------------------------------------
 # The checks
 
@@ -261,7 +268,7 @@ CHECKS: tuple[Check, ...] = (
         "every request finishes, and none waits more target calls than the decoder's declared `max_wait_calls`, "
         "counted from the start of `generate` to its first target call and between two of its calls",
         liveness,
-        scheduling_signature("a request waited more target calls than the decoder's max_wait_calls"),
+        liveness_signature,
         needs=(DECLARED_BOUND, EVERY_CALL_SEEN),
     ),
     Check(

@@ -218,6 +218,49 @@ float32, while the nearest wrong entry (a neighbouring position's, another reque
 kv_max away in bfloat16 and 6.8e4x in float32: 3x leaves room on both sides."""
 
 
+def draft_between(draft_orders: Sequence[int], before: int | None, after: int) -> bool:
+    """Was the draft called between two calls (`CallRecord.order`; `draft_orders` ascending)? Then
+    a new round began, so no chunk of one verification can span them (a decoder's, an engine's)."""
+    if before is None:
+        return True
+    return bisect.bisect_right(draft_orders, before) < bisect.bisect_left(draft_orders, after)
+
+
+def assign(score: torch.Tensor) -> list[tuple[int, int]]:
+    """The one matching of rows to requests, for a decoder's rows and an engine's: [B, R] scores,
+    a pair allowed where its score is >= 0. Best pairs first (greedy, one to one), then an
+    augmenting path for each row left over (Kuhn's), so a row whose only request an earlier row
+    took while it had another still gets one: as many rows bound as the allowed pairs permit.
+    Returns (row, request) in row order. A decoder's scores allow every pair, so its matching is
+    the greedy one; an engine's allow a row only the live requests whose history it holds."""
+    batch, requests = score.shape
+    values = score.tolist()
+    owner: dict[int, int] = {}  # request -> row
+    bound: dict[int, int] = {}  # row -> request
+    flat = score.flatten()
+    for k in torch.argsort(flat, descending=True, stable=True).tolist():
+        b, r = divmod(k, requests)
+        if values[b][r] < 0 or len(bound) == batch or len(owner) == requests:
+            break
+        if b not in bound and r not in owner:
+            bound[b], owner[r] = r, b
+
+    def augment(b: int, seen: set[int]) -> bool:
+        for r in sorted(range(requests), key=lambda r: -values[b][r]):
+            if values[b][r] < 0 or r in seen:
+                continue
+            seen.add(r)
+            if r not in owner or augment(owner[r], seen):
+                bound[b], owner[r] = r, b
+                return True
+        return False
+
+    for b in range(batch):
+        if b not in bound and len(owner) < requests:
+            augment(b, set())
+    return sorted(bound.items())
+
+
 @dataclass(frozen=True)
 class KVMiss:
     """The first attended past slot whose K/V are not its expected entry's, with the margin."""
@@ -489,10 +532,7 @@ class RowFollower:
         return RowTrace(tuple(self.views), tuple(self.faults))
 
     def draft_between(self, before: int | None, after: int) -> bool:
-        """Was the draft called between two calls (a new round, so no chunk can span them)?"""
-        if before is None:
-            return True
-        return bisect.bisect_right(self.draft_orders, before) < bisect.bisect_left(self.draft_orders, after)
+        return draft_between(self.draft_orders, before, after)
 
     def chunks(self, call: CallRecord, obs: Observation, past_match: torch.Tensor | None) -> torch.Tensor:
         """[B, R] row b repeats request r's previous call as its past, with no draft call since."""
@@ -567,28 +607,6 @@ class RowFollower:
             torch.where(rows == before, 0.9, 0.4 - (rows - before).abs() / spread),
         )
 
-    @staticmethod
-    def assign(score: torch.Tensor) -> list[tuple[int, int]]:
-        """Greedy one-to-one matching, best pairs first: (row, request) in row order."""
-        batch, requests = score.shape
-        taken_rows: set[int] = set()
-        taken: set[int] = set()
-        pairs = []
-        flat = score.flatten()
-        values = flat.tolist()
-        for k in torch.argsort(flat, descending=True, stable=True).tolist():
-            b, r = divmod(k, requests)
-            if values[k] < 0:
-                break
-            if b in taken_rows or r in taken:
-                continue
-            taken_rows.add(b)
-            taken.add(r)
-            pairs.append((b, r))
-            if len(taken_rows) == batch or len(taken) == requests:
-                break
-        return sorted(pairs)
-
     def past_match(self, call: CallRecord, obs: Observation) -> torch.Tensor | None:
         """[B, R] a real model's past read as K/V against every request's entries (None: an exact
         model, whose past is read as tokens, or a call that kept no snapshot)."""
@@ -601,7 +619,7 @@ class RowFollower:
         past_match = self.past_match(call, obs)
         cp = common_prefixes(obs, self.table, self.lengths, self.exact, past_match)  # [B, R]
         chunk = self.chunks(call, obs, past_match)
-        pairs = self.assign(self.scores(call, obs, cp, chunk))
+        pairs = assign(self.scores(call, obs, cp, chunk))
         tokens, positions, slots = obs.tokens.tolist(), obs.positions.tolist(), obs.slots.tolist()
         own_past = cp >= torch.minimum(obs.past[:, None], self.lengths[None, :])
         self.confirm_prefills(pairs, obs.past.tolist(), tokens, own_past)

@@ -164,6 +164,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         xfails=load_xfails(args.xfails) if args.xfails is not None else KnownFailures(),
         quiet=args.quiet,
         engines=tuple(args.engine),
+        jobs=args.jobs,
     )
     from specaudit.artifacts.gate import run_gate
 
@@ -361,6 +362,14 @@ def add_gate(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         metavar="F",
         help="minimum exact-row rate per decoder x model, in [0, 1] (default 0; bites through known failures)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes for the decoder x model and engine searches (default: $SPECAUDIT_JOBS, else one per "
+        "core); the verdicts, the testcases and their order do not depend on N",
     )
     parser.set_defaults(func=cmd_gate)
 

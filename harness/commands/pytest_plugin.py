@@ -116,9 +116,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
     failure = item.stash.get(FAILURE, None)
     if not report.failed or failure is None:
         return
-    path = write(item.config.getoption("specaudit_out"), item.name, failure)  # property[decoder-model]
+    first = None if is_engine(failure) else diagnosed_again(failure)  # (signature, whether it failed again)
+    signed = failure if first is None or first[0] is None else dict(failure, signature=first[0])
+    path = write(item.config.getoption("specaudit_out"), item.name, signed)  # property[decoder-model]
     report.sections.append(("specaudit", f"reproducer written to {path}"))
-    failed, tries = replay(failure)
+    failed, tries = replay(failure, failed_once=None if first is None else first[1])
     if failed < tries:  # a verdict of its own: what fails only sometimes cannot be known-failed either
         what = "engine" if is_engine(failure) else "decoder"
         report.sections.append(
@@ -147,8 +149,27 @@ def write(directory: str, name: str, failure: dict) -> Path:
     return (write_engine_reproducer if is_engine(failure) else write_reproducer)(directory, name, failure)
 
 
-def replay(failure: dict, tries: int = 3) -> tuple[int, int]:
-    """How often the failing case (or rule sequence) fails again, run afresh `tries` times."""
+def diagnosed_again(failure: dict) -> tuple[str | None, bool] | None:
+    """A decoder's failing case run once afresh and diagnosed (`first_signature`, the registry's):
+    (its signature, whether it failed again), the signature None when it passed this time (a
+    nondeterministic decoder). None when the run or its diagnosis raised: the reproducer is then
+    written without a signature, never lost. Made once, as the file is written, not on each
+    failing Hypothesis example (`remember_failure` only notes the record)."""
+    from specaudit.checks.registry import first_signature
+    from specaudit.contracts.case import Case
+    from specaudit.running.runner import run_case
+
+    try:
+        found = first_signature(run_case(failure["decoder"], Case.from_json(failure["case"])))
+    except Exception:  # a diagnosis that breaks must not cost the reproducer
+        return None
+    return (None, False) if found is None else (found[1][0], True)
+
+
+def replay(failure: dict, tries: int = 3, failed_once: bool | None = None) -> tuple[int, int]:
+    """How often the failing case (or rule sequence) fails again, run afresh `tries` times;
+    `failed_once`, where a decoder's case was already run once afresh (`diagnosed_again`), is that
+    run's outcome, counted as the first of the tries."""
     if is_engine(failure):
         from specaudit.artifacts.reproducer import replay_engine_rules
 
@@ -156,7 +177,8 @@ def replay(failure: dict, tries: int = 3) -> tuple[int, int]:
     from specaudit.artifacts.reproducer import replay_failures
     from specaudit.contracts.case import Case
 
-    return replay_failures(failure["decoder"], Case.from_json(failure["case"]), n=tries), tries
+    case, done = Case.from_json(failure["case"]), int(failed_once is not None)
+    return int(bool(failed_once)) + replay_failures(failure["decoder"], case, n=tries - done), tries
 
 
 def known_failure(item: pytest.Item, failure: dict) -> str | None:

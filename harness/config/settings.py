@@ -73,9 +73,12 @@ class GateSettings:
     xfails: KnownFailures = field(default_factory=KnownFailures)
     quiet: bool = False
     engines: tuple[str, ...] = ()  # engines named with --engine, each through the engine state machine
+    jobs: int | None = None  # worker processes; None: one per available core (as the audit's)
 
     def __post_init__(self) -> None:
         at_least("--examples", self.examples, 1)
+        if self.jobs is not None:
+            at_least("--jobs", self.jobs, 1)
         within("--min-exact-match", self.min_exact_match, 0.0, 1.0)
         if not self.models:
             raise UsageError("--models names no model")

@@ -36,7 +36,6 @@ CONTRACT_RULES = frozenset(
         "json-response",
         "token-ids",
         "token-count",
-        "finishes",
     }
 )
 

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specaudit.checks.engine import EngineDiagnosis, EngineFailure, EngineJudge
+from specaudit.checks.diagnosis import Finding
+from specaudit.checks.engine import EngineFailure, EngineJudge
 from specaudit.checks.registry import alone_signature, check_named
 from specaudit.contracts.case import ENVELOPE_FORMAT
 from specaudit.contracts.violation import Violation
@@ -43,14 +44,10 @@ def engine_signature(first: Violation, reproducer: dict[str, Any]) -> tuple[str,
     return alone_signature(first.request or 0, seen, seen is not None and seen.check == "equivalence")
 
 
-def diagnose_engine(violations: list[Violation], reproducer: dict[str, Any]) -> EngineDiagnosis:
+def diagnose_engine(violations: list[Violation], reproducer: dict[str, Any]) -> Finding:
     """The diagnosis of an engine failure from its violations and the rules that gave them."""
     first = violations[0]
-    signature, reason = engine_signature(first, reproducer)
-    step = first.evidence.get("step")
-    return EngineDiagnosis(
-        first.check, first.rule, step, first.call, first.request, first.row, first.slot, signature, reason
-    )
+    return Finding(first, *engine_signature(first, reproducer), step=first.evidence.get("step"))
 
 
 def replay(reproducer: dict[str, Any] | str | Path) -> list[Violation]:

@@ -300,6 +300,38 @@ def test_engine_contract_breaches_are_errors_not_crashes(pair) -> None:
     assert raised.errors == [0, 1] and "engine down" in raised.outcomes[0].error.found
 
 
+class _Stalls:
+    """Step-wise engine that serves request 0 to the end and never emits for request 1 (it keeps it live)."""
+
+    def __init__(self, max_new_tokens: int) -> None:
+        self.left: dict[int, int] = {}
+        self.n = max_new_tokens
+
+    def add_request(self, request_id: int, prompt_ids: list[int], max_new_tokens: int) -> None:
+        self.left[request_id] = max_new_tokens
+
+    def step(self) -> dict[int, list[int]]:
+        if self.left.get(0, 0) > 0:
+            self.left[0] -= 1
+            return {0: [7]}
+        return {}
+
+    def has_unfinished(self) -> bool:
+        return True
+
+
+def test_unfinished_request_is_the_ledgers_request_finishes(pair) -> None:
+    """A request the engine never finishes within the step budget: liveness request-finishes, the
+    rule a white-box engine's and a decoder's unfinished requests break (`checks.liveness`)."""
+    result = audit_callable(_Stalls(3), pair[0], PROMPTS[:2], max_new_tokens=3, arrivals=[0, 0], max_steps=6)
+    assert not result.passed and result.errors == [1], result.render()
+    error = result.outcomes[1].error
+    assert (error.check, error.rule, error.request) == ("liveness", "request-finishes", 1), error
+    assert error.evidence == {"tokens": 0, "max_new_tokens": 3, "steps": 6}, error.evidence
+    assert "0 of 3 tokens when the run ended (request-finishes" in error.found, error.found
+    assert result.verdict.startswith("unfinished (requests [1])"), result.verdict
+
+
 def test_verdict_table_rows(pair) -> None:
     """The CLI's table: one row per request with its verdict; errors spelled out below, evidence last."""
     result = audit_callable(_Misbehaving(), pair[0], PROMPTS[:2], max_new_tokens=3, arrivals=[0, 1])

@@ -187,6 +187,58 @@ def test_min_exact_match_bites_through_known_failures(tmp_path: Path) -> None:
     assert f"({exact}/{rows}) is below --min-exact-match 0.9" in failure.get("message", "")
 
 
+# ---------------------------------------------------------------------------------------
+# Worker processes (--jobs)
+
+
+TIMINGS = {"tokens_per_second", "instrumentation_overhead"}
+"""The testcase properties that one run measures in time: they differ between any two runs."""
+
+
+def gate_outcome(tmp_path: Path, jobs: int, capsys: pytest.CaptureFixture[str]) -> tuple[Any, ...]:
+    """A small gate (a passing decoder, a failing one, a known failure; one entry of --xfails
+    stale) on `jobs` workers: its exit status, every testcase's name, outcome and properties but
+    the timings, the summary and stale-entry lines, and every reproducer's text."""
+    xfails = xfails_file(tmp_path, "*:bonus_from_draft * * *", f"{EQSPEC} transparent I1 *   # never met")
+    argv = ("--decoder", EQSPEC, "--decoder", MUTANT, "--decoder", BONUS, "--examples", "3", "--xfails", xfails)
+    status = gate(tmp_path, *argv, "--jobs", str(jobs))
+    cases = [
+        (
+            case.get("classname"),
+            case.get("name"),
+            [(e.tag, e.get("type"), e.get("message")) for e in case if e.tag in ("failure", "skipped")],
+            {k: v for k, v in props(case).items() if k not in TIMINGS},
+        )
+        for case in junit_cases(tmp_path)
+    ]
+    out = capsys.readouterr().out.replace(str(tmp_path), "DIR")
+    lines = [line for line in out.splitlines() if "gate " in line or "matched no failure" in line]
+    files = {path.name: path.read_text() for path in sorted((tmp_path / "repro").iterdir())}
+    return status, cases, lines, files
+
+
+@pytest.mark.slow
+def test_verdicts_do_not_depend_on_the_number_of_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--jobs 2 runs the searches in worker processes through the audit's `run_items`: the same
+    exit status, testcases in plan order with the same verdicts, first checks and signatures, the
+    same reproducers, and the known-failure entry a worker matched is not reported stale."""
+    (tmp_path / "one").mkdir(), (tmp_path / "two").mkdir()
+    serial = gate_outcome(tmp_path / "one", 1, capsys)
+    parallel = gate_outcome(tmp_path / "two", 2, capsys)
+    assert serial[0] == parallel[0] == 1
+    assert serial[1] == parallel[1]
+    outcomes = [(c[0], c[2][0][:2] if c[2] else None, c[3]["first_check"], c[3]["signature"]) for c in serial[1]]
+    assert outcomes == [
+        (f"specaudit.{EQSPEC}", None, "", ""),
+        (f"specaudit.{MUTANT}", ("failure", "I2"), "I2", "kv-drift"),
+        (f"specaudit.{BONUS}", ("skipped", "xfail"), "", ""),  # its failures are known: the search went on
+    ]
+    summary = "1 passed, 1 known failure(s), 1 failed: gate FAILED"
+    stale = f"DIR/xfails.txt:3: entry matched no failure ({EQSPEC} transparent I1 *)"  # line 2: met in a worker
+    assert serial[2] == parallel[2] == [summary, stale]
+    assert serial[3] == parallel[3] and len(serial[3]) == 2, sorted(serial[3])
+
+
 def test_xfails_file_format(tmp_path: Path) -> None:
     """Four whitespace-separated fields, `#` comments, blank lines, and `*` anywhere in a field."""
     path = tmp_path / "known.txt"
@@ -235,6 +287,7 @@ def test_malformed_xfails_file_is_a_usage_error(tmp_path: Path, content: str | N
         (("--min-exact-match", "1.5"), "--min-exact-match must be between 0 and 1"),
         (("--decoder", "specaudit.reference.nosuchmodule:X"), "not found"),
         (("--xfails", "XFAILS"), "xfails.txt:2: got 2 field(s)"),
+        (("--jobs", "0"), "--jobs must be at least 1, got 0"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(

@@ -14,7 +14,12 @@ from types import SimpleNamespace
 
 import pytest
 
+import specaudit.running.runner  # noqa: F401 (torch, imported before any pytester test: see below)
 from specaudit.contracts.builtins import DEFAULT_DECODERS, MODELS
+
+# pytester restores sys.modules after each test, and a torch first imported inside one (by an
+# in-process `specaudit replay`) cannot be imported again by a later test: its operator libraries
+# stay registered. Imported here, it is in the snapshot and stays.
 
 PROPERTIES = Path(__file__).resolve().parents[2] / "properties"
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
@@ -244,8 +249,16 @@ def run_properties(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 @pytest.mark.slow
-def test_each_decoder_is_judged_by_the_properties(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the real properties EqSpec passes every one; a planted bug fails I2 with evidence and leaves a reproducer."""
+def test_each_decoder_is_judged_by_the_properties(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the real properties EqSpec passes every one; a planted bug fails I2 with evidence and leaves
+    a reproducer per failing property, its evidence naming the catalog's signature for the bug (as
+    an engine's does), which `specaudit replay FILE` fails again with that signature."""
+    from specaudit.artifacts.reproducer import load_reproducer
+    from specaudit.commands.cli import main
+    from specaudit.reference.mutants import CATALOG
+
     monkeypatch.delenv("CI", raising=False)
     out = pytester.path / "repro"
     result = run_properties(pytester, "--decoder", EQSPEC, "--decoder", MUTANT, "--specaudit-out", str(out))
@@ -258,6 +271,16 @@ def test_each_decoder_is_judged_by_the_properties(pytester: pytest.Pytester, mon
     result.stdout.fnmatch_lines(["*[[]I2: *[]] target call *, row *, slot *: got * but should be *"])
     written = sorted(out.glob("*.json"))
     assert written and all("mutants" in p.name for p in written), written
+    bug = CATALOG[MUTANT.rsplit(":", 1)[1]].bug
+    for path in written:
+        written_back = load_reproducer(path)
+        signature = written_back.evidence.get("signature")
+        assert written_back.kind == "decoder-case" and written_back.subject["decoder"] == MUTANT, written_back
+        assert signature == bug.signature, f"{path}: signature {signature!r}, the catalog's {bug.signature!r}"
+        capsys.readouterr()
+        assert main(["replay", str(path), "--json"]) == 1, f"the replay of {path} should fail"
+        replayed = json.loads(capsys.readouterr().out)
+        assert replayed["signature"] == signature, f"replay of {path}: {replayed['signature']!r}, file {signature!r}"
 
 
 @pytest.mark.slow
@@ -454,3 +477,22 @@ def test_item_seed_is_shared_by_a_parametrizations_properties() -> None:
         assert item_seed(item("p[a-gpt2]", lambda: None)) is None, "a test without @given should be left alone"
     finally:
         settings.load_profile(before)
+
+
+def test_a_decoder_reproducer_without_a_diagnosis_is_still_written(tmp_path: Path) -> None:
+    """`diagnosed_again`: a case that no longer runs (its decoder gone) gives None, one that passes
+    this time (a nondeterministic decoder) no signature; either way the record is written, unsigned,
+    and reads back; a signed record's signature lands in the evidence."""
+    from specaudit.artifacts.reproducer import load_reproducer
+    from specaudit.commands.pytest_plugin import diagnosed_again, write
+    from specaudit.contracts.case import Case
+
+    case = Case(((3, 4, 5),), ("1010",), num_draft_tokens=2, max_new_tokens=4, eos_token_id=None, pad_token_id=0)
+    gone = {"case": case.to_json(), "decoder": "no_such_module_here:Decoder", "evidence": []}
+    assert diagnosed_again(gone) is None
+    assert diagnosed_again(dict(gone, decoder=EQSPEC)) == (None, False), "EqSpec passes: no signature"
+    unsigned = load_reproducer(write(str(tmp_path), "gone", gone))
+    assert unsigned.kind == "decoder-case" and "signature" not in unsigned.evidence, unsigned.evidence
+    assert unsigned.case == case
+    signed = load_reproducer(write(str(tmp_path), "signed", dict(gone, signature="kv-drift")))
+    assert signed.evidence.get("signature") == "kv-drift", signed.evidence
