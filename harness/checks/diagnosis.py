@@ -62,23 +62,13 @@ class Finding:
         return self.first.rule
 
     @property
-    def call(self) -> int | None:
-        return self.first.call
-
-    @property
     def request(self) -> int | None:
         return self.first.request
 
-    @property
-    def row(self) -> int | None:
-        return self.first.row
-
-    @property
-    def slot(self) -> int | None:
-        return self.first.slot
-
     def where(self) -> dict[str, int | None]:
-        return {"step": self.step, "call": self.call, "request": self.request, "row": self.row, "slot": self.slot}
+        """The engine step, then the first violation's place (target call, request, row, slot)."""
+        first = self.first
+        return {"step": self.step, "call": first.call, "request": first.request, "row": first.row, "slot": first.slot}
 
     def render(self) -> str:
         names = {"call": "target call"}

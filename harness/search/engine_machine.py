@@ -65,13 +65,16 @@ def machine_settings(max_examples: int, steps: int = 12, **overrides: Any) -> se
 # The Hypothesis state machine
 
 
-def distinct_prompt(prompt: tuple[int, ...], others: list[tuple[int, ...]]) -> tuple[int, ...]:
+def distinct_prompt(prompt: tuple[int, ...], others: list[tuple[int, ...]], pad: int) -> tuple[int, ...]:
     """`prompt`, its first token moved on until it differs from every other prompt within the
-    shorter of the two (so a row's leading tokens name its request, or its duplicates)."""
+    shorter of the two (so a row's leading tokens name its request, or its duplicates) and is
+    not the pad token alone (a row attending only pads is an idle row, `EngineJudge.idle`: such a
+    request's rows would go unjudged)."""
     first = prompt[0]
     for _ in range(VOCAB_SIZE):
         candidate = (first,) + prompt[1:]
-        if all(candidate[: min(len(candidate), len(o))] != o[: min(len(candidate), len(o))] for o in others):
+        distinct = all(candidate[: min(len(candidate), len(o))] != o[: min(len(candidate), len(o))] for o in others)
+        if distinct and set(candidate) != {pad}:
             return candidate
         first = (first + 1) % VOCAB_SIZE
     raise ValueError("no distinct prompt left")  # unreachable with MAX_REQUESTS << VOCAB_SIZE
@@ -83,7 +86,7 @@ DUPLICATE_SHARE = 4
 
 
 def draw_request(
-    data: st.DataObject, request_id: int, k: int, others: list[Request], running: list[Request]
+    data: st.DataObject, request_id: int, k: int, others: list[Request], running: list[Request], pad: int
 ) -> Request:
     """A request: prompt, limit and an acceptance schedule from the batch strategies' kinds;
     sometimes a running request's prompt again (rows are bound by progress, not by prompt),
@@ -99,7 +102,7 @@ def draw_request(
     horizon = max_new + k + 2
     prompts = sorted({o.prompt for o in others})
     return Request(
-        request_id, distinct_prompt(tuple(prompt), prompts), max_new, pattern_from_rounds(first, rounds, horizon)
+        request_id, distinct_prompt(tuple(prompt), prompts, pad), max_new, pattern_from_rounds(first, rounds, horizon)
     )
 
 
@@ -124,7 +127,7 @@ class EngineMachine(RuleBasedStateMachine):
     def start(self, k: int, pad: int, eos_at: int | None, initial: int, data: st.DataObject) -> None:
         """Build the engine with 1 to 3 requests waiting; EOS, if any, is a token the first
         request's oracle emits."""
-        first = draw_request(data, 0, k, [], [])
+        first = draw_request(data, 0, k, [], [], pad)
         eos = None
         if eos_at is not None:
             eos = oracle_continuation(self.model, DTYPE, first.prompt, MAX_NEW).tokens[eos_at]
@@ -140,7 +143,8 @@ class EngineMachine(RuleBasedStateMachine):
         assert session is not None
         others = [t.request for t in session.tracked.values()]
         running = [session.tracked[r].request for r in session.book.live_ids()]
-        session.add(draw_request(data, len(session.tracked), session.num_draft_tokens, others, running))
+        pad = session.pad_token_id
+        session.add(draw_request(data, len(session.tracked), session.num_draft_tokens, others, running, pad))
 
     @precondition(
         lambda self: (

@@ -24,7 +24,14 @@ from specaudit.reference.engine_mutants import ENGINE_CATALOG
 from specaudit.reference.engines import EqSpecEngine
 from specaudit.running.engine_session import EngineSession, Request, Stream
 from specaudit.search.determinism import without_local_constants
-from specaudit.search.engine_machine import DEFAULT_ENGINES, event_shares, machine_for, machine_settings, run_machine
+from specaudit.search.engine_machine import (
+    DEFAULT_ENGINES,
+    distinct_prompt,
+    event_shares,
+    machine_for,
+    machine_settings,
+    run_machine,
+)
 from specaudit.search.engine_replay import engine_session, replay
 from specaudit.search.strategies import pattern_from_rounds
 
@@ -176,6 +183,18 @@ def test_planted_bug_caught_among_duplicate_prompts(name: str, ops: list[dict[st
     found = replay({**BASE, "engine": f"specaudit.reference.engine_mutants:{name}", "ops": rules})
     assert found and (found[0].check, found[0].rule) == ("I2", "retired-row"), f"{name}: {found[:1]}"
     assert found[0].request == 0, f"{name}: the left-over row is bound to {found[0].request}, not retired request 0"
+
+
+def test_no_drawn_prompt_is_the_pad_token_alone() -> None:
+    """A row attending only pads is an idle row (`EngineJudge.idle`), unjudged: a request whose
+    prompt were the pad token alone would hide its rows' faults (AdmitPositionsFromWidth's wrong
+    positions on prompt [0] with pad 0 went unseen by I2), so the machine moves such a prompt on
+    as it does one that collides; a prompt that only contains the pad token is kept."""
+    assert distinct_prompt((3,), [], pad=3) == (4,)
+    assert distinct_prompt((3, 3), [], pad=3) == (4, 3)
+    assert distinct_prompt((3, 5), [], pad=3) == (3, 5)
+    assert distinct_prompt((2,), [(3, 1)], pad=3) == (2,)
+    assert distinct_prompt((2,), [(2, 1)], pad=3) == (4,)  # past the collision, then past the pad
 
 
 def read(row: int, candidates: tuple[int, ...]) -> RowRead:
