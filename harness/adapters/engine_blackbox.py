@@ -222,8 +222,7 @@ class EngineAuditResult:
     @property
     def verdict(self) -> str:
         if self.engine_error is not None or self.errors:
-            broken = [v for v in self.violations if v.check != "equivalence"]
-            contract = any(v.check == "contract" for v in broken)
+            contract = any(v.check == "contract" for v in self.violations)
             what = "contract broken" if contract else f"unfinished (requests {self.errors})"
         elif self.diverged:
             what = f"diverged (requests {self.diverged})"

@@ -129,6 +129,7 @@ class EngineJudge:
         self.diagnose = diagnose
         self.real = session.kv is not None  # a tiny real target: past slots are read by their K/V
         self.kv: KVReader | None = None  # the reader of the call being judged (real targets)
+        self.draft_orders: list[int] = []  # the draft calls' places so far, ascending (`draft_between`)
         self.streams: dict[int, Stream] = {}  # request -> what its last target call attended
         self.ledger = Ledger("steps", session.max_wait_steps, "max_wait_steps")  # served: steps it emitted in
 
@@ -178,6 +179,7 @@ class EngineJudge:
         lengths = torch.tensor([len(s) for s in sequences])  # [R]
         exact = not self.real
         self.kv = None if exact else engine_reader(self.session)
+        self.draft_orders = sorted(c.order for c in self.session.recording.draft_calls)
         obs = observe(call, exact=exact)
         # bound by content: tokens in order, positions judged apart (a wrong position is not a wrong request)
         by_content = replace(obs, positions=torch.arange(obs.tokens.shape[1]).expand_as(obs.tokens))
@@ -320,8 +322,7 @@ class EngineJudge:
                 and now.kv is not None
                 and bool(self.kv.same_slots(now.kv[None, :past], earlier.kv).all())
             )
-        orders = sorted(c.order for c in self.session.recording.draft_calls)
-        return same and not draft_between(orders, earlier.order, call.order)
+        return same and not draft_between(self.draft_orders, earlier.order, call.order)
 
     def equivalence(self) -> list[Violation]:
         """Each request's tokens so far are a prefix of the oracle's output, compared as a

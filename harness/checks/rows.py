@@ -531,9 +531,6 @@ class RowFollower:
             self.visit(call)
         return RowTrace(tuple(self.views), tuple(self.faults))
 
-    def draft_between(self, before: int | None, after: int) -> bool:
-        return draft_between(self.draft_orders, before, after)
-
     def chunks(self, call: CallRecord, obs: Observation, past_match: torch.Tensor | None) -> torch.Tensor:
         """[B, R] row b repeats request r's previous call as its past, with no draft call since."""
         batch, requests = obs.past.shape[0], len(self.state)
@@ -542,7 +539,9 @@ class RowFollower:
         for b, m in enumerate(obs.past.tolist()):
             by_past.setdefault(m, []).append(b)
         for r, s in enumerate(self.state):
-            if s.stream is None or len(s.stream) not in by_past or self.draft_between(s.order, call.order):
+            if s.stream is None or len(s.stream) not in by_past:
+                continue
+            if draft_between(self.draft_orders, s.order, call.order):
                 continue
             rows = torch.tensor(by_past[len(s.stream)])
             m = len(s.stream)
@@ -559,7 +558,9 @@ class RowFollower:
 
     def drafted(self, call: CallRecord) -> torch.Tensor:
         """[R] was the draft called since each request's last call (since the start if unseen)?"""
-        return torch.tensor([self.draft_between(-1 if s.order is None else s.order, call.order) for s in self.state])
+        return torch.tensor(
+            [draft_between(self.draft_orders, -1 if s.order is None else s.order, call.order) for s in self.state]
+        )
 
     def fits(self, obs: Observation) -> torch.Tensor:
         """[B, R] whether request r's history can fill row b's past: always on an exact model;
