@@ -595,18 +595,36 @@ class RowFollower:
         return torch.where(length > 0, real, continuity / 2)
 
     def continuity(self, shape: torch.Size) -> torch.Tensor:
-        """[B, R] in [0, 1): the row a request held before, else its rank in case order if unseen."""
+        """[B, R] in [0, 1): the row a request held before, else its rank in case order if unseen;
+        among twins (see `twin_ranks`), the one served longest ago first."""
         batch, requests = shape
         rows = torch.arange(batch)[:, None].double()
         before = torch.tensor([-1 if s.row is None else s.row for s in self.state]).double()[None, :]
         unseen = torch.tensor(self.seen).logical_not()
         rank = (unseen.long().cumsum(0) - 1).double()[None, :]  # rank among requests not yet seen
         spread = 4.0 * (batch + requests + 1)
-        return torch.where(
-            unseen[None, :],
-            0.8 - (rows - rank).abs() / spread,
-            torch.where(rows == before, 0.9, 0.4 - (rows - before).abs() / spread),
-        )
+        by_row = torch.where(rows == before, 0.9, 0.4 - (rows - before).abs() / spread)
+        twin_rank, twins = self.twin_ranks()
+        by_age = 0.5 + (0.4 - twin_rank[None, :] / requests) + (by_row - 0.4) / (10 * spread)
+        seen = torch.where(twins[None, :], by_age, by_row)
+        return torch.where(unseen[None, :], 0.8 - (rows - rank).abs() / spread, seen)
+
+    def twin_ranks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[R] rank by last call among a request's twins, [R] whether it has any. Twins are seen
+        requests with the same sequence in the same state: no observation can tell which of them
+        a row holds (identical prompts, outputs and progress), so the one waiting longest is taken
+        to be served, as a fair scheduler would. Row continuity would credit the newest twin and
+        starve the others in the ledger (a false liveness alarm)."""
+        classes: dict[tuple, list[int]] = {}
+        for r, s in enumerate(self.state):
+            if self.seen[r]:
+                classes.setdefault((self.sequences[r], s.known, s.stream), []).append(r)
+        rank, twins = torch.zeros(len(self.state)), torch.zeros(len(self.state), dtype=torch.bool)
+        for members in classes.values():
+            if len(members) > 1:
+                for i, r in enumerate(sorted(members, key=lambda r: (self.state[r].order, r))):
+                    rank[r], twins[r] = i, True
+        return rank.double(), twins
 
     def past_match(self, call: CallRecord, obs: Observation) -> torch.Tensor | None:
         """[B, R] a real model's past read as K/V against every request's entries (None: an exact

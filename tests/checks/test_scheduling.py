@@ -5,6 +5,7 @@ audit's path (search + diagnosis) reaching them through the registry."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 from specaudit.checks.diagnosis import diagnose
 from specaudit.checks.registry import FAIL, NOT_APPLICABLE, PASS, check_named, evaluate, judge
-from specaudit.checks.scheduling import check_liveness, check_order_independence, permuted, rotation
+from specaudit.checks.scheduling import calls_by_request, check_liveness, check_order_independence, permuted, rotation
 from specaudit.contracts.case import Case
 from specaudit.reference.eqspec import EqSpec
 from specaudit.reference.exspec import ExSpec, Sequence
@@ -148,6 +149,22 @@ def test_liveness_catches_a_starving_scheduler() -> None:
     assert {v.request for v in violations} == {3}, violations
     fair = run_case("fair", starvation_case(), factory=lambda: ExSpec(3, 4, 2))
     assert check_liveness(fair, fair.instance.max_wait_calls) == []
+
+
+def test_liveness_credits_the_longest_waiting_of_duplicate_requests() -> None:
+    """Six requests with one prompt through a one-row EXSPEC: after the first prefill, request 1
+    and each later arrival are the same history at the same progress, so no call tells them apart.
+    The binder credits the one waiting longest (EXSPEC forces it in, oldest first); crediting the
+    newest kept request 1 unserved for 9 calls and failed a correct scheduler (bound 7)."""
+    script = tuple(c == "1" for c in "11010")
+    case = Case(((0,),) * 6, (script,) * 6, 1, 2, None, 0)
+    run = run_case("exspec", case, factory=lambda: ExSpec(1, 2, 1))
+    assert check_liveness(run, run.instance.max_wait_calls) == []
+    served = calls_by_request(run)
+    assert served == {0: [0, 1], 1: [0, 3], 2: [2, 5], 3: [4, 7], 4: [6, 9], 5: [8, 10]}, served
+    # negative control: the same queue with distinct prompts is judged by content, as before
+    distinct = replace(case, prompts=tuple((p,) for p in range(1, 7)))
+    assert calls_by_request(run_case("exspec", distinct, factory=lambda: ExSpec(1, 2, 1))) == served
 
 
 def test_liveness_is_not_applicable_without_a_declared_bound() -> None:
