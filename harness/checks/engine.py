@@ -47,8 +47,18 @@ import torch
 from specaudit.checks.diagnosis import Finding
 from specaudit.checks.equivalence import margin_witness, tie_aware
 from specaudit.checks.i1 import i1_call_violations
+from specaudit.checks.i2 import violation
 from specaudit.checks.liveness import Ledger, Tenure, overdue, unfinished
-from specaudit.checks.rows import UNKNOWN, KVReader, Observation, assign, common_prefixes, draft_between, observe
+from specaudit.checks.rows import (
+    UNKNOWN,
+    Fault,
+    KVReader,
+    Observation,
+    assign,
+    common_prefixes,
+    draft_between,
+    observe,
+)
 from specaudit.contracts.violation import Violation, render
 from specaudit.numerics.tolerance import DTYPES
 from specaudit.running.engine_session import DTYPE, Stream
@@ -171,7 +181,7 @@ class EngineJudge:
         if call.input_ids is None or call.input_ids.dim() != 2:
             return []
         if call.past_length and not call.cache_after:
-            return [Violation("I2", "cache-readable", "a target call whose output has no cache", "a cache", call.index)]
+            return [violation(Fault("cache-readable", call.index), self.session.pad_token_id)]
         ids = list(self.session.tracked)
         sequences = [self.session.tracked[r].sequence for r in ids]
         width = max(len(s) for s in sequences)
@@ -229,70 +239,68 @@ class EngineJudge:
         self, call: CallRecord, read: RowRead, request: int | None, holder: int | None, eligible: set[int]
     ) -> Violation | None:
         """The first I2 breach of one row bound to `request` (None: no request's history), whose
-        first row is `holder`, or None."""
-        length, past, matched = read.length, read.past, read.matched
-        tokens, positions, slots, row = read.tokens, read.positions, read.slots, read.row
+        first row is `holder`, or None; phrased as a decoder row's (`checks.i2.violation`)."""
+        fault = self.first_fault(call, read, request, holder, eligible)
+        return None if fault is None else violation(fault, self.session.pad_token_id)
 
-        def bad(rule: str, index: int, expected: str, exp_token: int | None, exp_pos: int | None) -> Violation:
-            found = f"slot {slots[index]} holding token {tokens[index]} at position {positions[index]}"
-            evidence: dict[str, Any] = {
-                "found_token": tokens[index],
-                "found_position": positions[index],
-                "expected_token": exp_token,
-                "expected_position": exp_pos,
-                "index": index,
-            }
-            if tokens[index] == UNKNOWN and self.kv is not None and request is not None:  # a real past slot: K/V
-                found, distance = self.describe(call, row, slots[index], index, request)
-                evidence.update(found_token=None, found_position=None, kv_distance=distance)
-            return Violation("I2", rule, found, expected, call.index, row, slots[index], request, evidence)
+    def first_fault(
+        self, call: CallRecord, read: RowRead, request: int | None, holder: int | None, eligible: set[int]
+    ) -> Fault | None:
+        length, past, matched, row = read.length, read.past, read.matched, read.row
+
+        def at(rule: str, index: int, want: int | None, position: int | None, **more: Any) -> Fault:
+            token, found_position = read.tokens[index], read.positions[index]
+            distance = None
+            if token == UNKNOWN:  # a real past slot: judged by its K/V
+                token = found_position = None
+                if request is not None:
+                    distance = self.kv_distance(call, row, read.slots[index], index, request)
+            return Fault(
+                rule,
+                call.index,
+                row,
+                request,
+                read.slots[index],
+                token,
+                found_position,
+                want,
+                position,
+                kv_difference=distance,
+                input=index - past if index >= past else None,
+                **more,
+            )
 
         if request is None:
-            return bad("row-identity", 0, "the first token of a live request's prompt", None, 0)
+            return at("row-identity", 0, None, 0)
         if request not in eligible:
             state = self.session.book.requests.get(request)
-            why = "aborted" if state is not None and state.aborted else "finished"
-            found_more = f"; the row holds request {request}, {why} before this step"
-            v = bad("retired-row", 0, "rows of live requests only", None, None)
-            return Violation(
-                "I2", v.rule, v.found + found_more, v.expected, call.index, row, v.slot, request, v.evidence
+            return at(
+                "retired-row", 0, None, None, left="aborted" if state is not None and state.aborted else "finished"
             )
         if holder != row:
-            return bad("duplicate-row", 0, f"request {request} in one row only (also row {holder})", None, None)
+            return at("duplicate-row", 0, None, None, holder=holder)
         sequence = self.session.tracked[request].sequence
         chunk = self.continues_round(request, call, read.stream, past)
         self.streams[request] = read.stream
         for i in range(length):  # the past, then the request's next token, must be its history
             if not chunk and matched <= i <= past:
                 want = sequence[i] if i < len(sequence) else None
-                rule = "input-token" if i == past else "attends-wrong-slot"
-                what = "the request's next token " if i == past else ""
-                return bad(rule, i, f"{what}token {want} at position {i}", want, i)
+                return at("input-token" if i == past else "attends-wrong-slot", i, want, i)
             if i < past and self.kv is not None:
                 continue  # a real model's past positions are judged through its K/V (above)
-            if positions[i] != i:  # drafts may be anything, but at the next positions
-                want = sequence[i] if i < matched else None
-                return bad("position-ids", i, f"position {i}", want, i)
+            if read.positions[i] != i:  # drafts may be anything, but at the next positions
+                return at("position-ids", i, sequence[i] if i < matched else None, i)
         return None
 
-    def describe(self, call: CallRecord, row: int, slot: int, index: int, request: int) -> tuple[str, float]:
-        """(what `slot` of `row` holds in words, its largest |K/V difference| from entry `index`
-        of request `request`'s history)."""
+    def kv_distance(self, call: CallRecord, row: int, slot: int, index: int, request: int) -> float:
+        """The largest |K/V difference| of `slot` of `row` from entry `index` of the request's
+        batch-size-1 history (inf: past its end)."""
         kv = self.kv
         assert kv is not None
-        tolerance = f"tolerance rtol {kv.rtol:g}, atol {kv.atol:g}"
         want = kv.kept(self.session.tracked[request].sequence, index)  # [F]
         if want is None:
-            return f"slot {slot}, past the end of request {request}'s history", math.inf
-        found = kv.flat(call)[row, slot]  # [F]
-        distance = float((found - want).abs().max())
-        if bool(kv.same_slots(found[None, None], want[None]).all()):
-            return (
-                f"slot {slot} holding request {request}'s entry at position {index} (K/V within {tolerance})",
-                distance,
-            )
-        entry = f"request {request}'s batch-size-1 entry at position {index}"
-        return f"slot {slot} whose K/V are off {entry} by up to {distance:.3g} ({tolerance})", distance
+            return math.inf
+        return float((kv.flat(call)[row, slot] - want).abs().max())
 
     def idle(self, call: CallRecord, read: RowRead) -> bool:
         """An idle row, the empty slot of a fixed-size engine: it attends the pad token only (on a

@@ -33,8 +33,12 @@ def describe(fault: Fault, pad: int) -> tuple[str, str]:
         return "a target call whose output has no cache", "a cache"
     if fault.rule == "position-ids":
         entry = f"current input {fault.input} (slot {fault.slot}, token {fault.found_token})"
+        if fault.input is None:  # an engine's past slot at the wrong position
+            entry = f"slot {fault.slot} (token {fault.found_token})"
         found = f"{entry} at position {fault.found_position}"
         return found, f"position {fault.expected_position}"
+    if fault.rule in ENGINE_ROW_RULES or (fault.rule == "row-identity" and fault.request is None):
+        return engine_row(fault, pad)
     if fault.found_token is None:
         if fault.expected_token is None:
             return f"an extra attended slot {fault.slot}", expected
@@ -57,6 +61,31 @@ def describe(fault: Fault, pad: int) -> tuple[str, str]:
             found += f", the next token of request {fault.other}"
         expected += " (the request's next token)"
     return found, expected
+
+
+ENGINE_ROW_RULES = frozenset({"retired-row", "duplicate-row"})
+
+
+def engine_row(fault: Fault, pad: int) -> tuple[str, str]:
+    """An engine's row that is no live request's own: a retired request's, a second row of one
+    request, or no request's history at all (bound by content, `checks.engine.bind_rows`); each
+    judged at the row's first entry."""
+    if fault.found_token is not None:
+        note = " (the pad id)" if fault.found_token == pad else ""
+        found = f"slot {fault.slot} holding token {fault.found_token}{note} at position {fault.found_position}"
+    elif fault.request is None:
+        found = f"slot {fault.slot} whose K/V are no tracked request's history"
+    else:
+        entry = f"request {fault.request}'s entry at position 0"
+        found = f"slot {fault.slot} holding {entry} (K/V within {fault.kv_difference:.3g})"
+    if fault.rule == "retired-row":
+        return (
+            f"{found}; the row holds request {fault.request}, {fault.left} before this step",
+            "rows of live requests only",
+        )
+    if fault.rule == "duplicate-row":
+        return found, f"request {fault.request} in one row only (also row {fault.holder})"
+    return found, "the first token of a live request's prompt"
 
 
 def kv_margin(fault: Fault) -> str:

@@ -19,7 +19,8 @@ ranking each (row, request) pair by, in this order:
   5. progress: a cached round starts at the request's committed length, and the row attends
      all of the request's committed tokens (a cache-free decoder re-feeds them);
   6. how many of the row's entries are the request's tokens;
-  7. continuity: the row the request held before, or its rank in case order if not yet seen.
+  7. continuity: the row the request held before, or its rank in case order if not yet seen;
+     among twins (one sequence, one progress: no call tells them apart), the longest waiting.
 
 On a real model the past slots are K/V, not tokens: they are read against every request's
 batch-size-1 entries (`KVReader.past_prefixes`, the reader I2 judges with), so a row's past
@@ -75,7 +76,8 @@ class RowView:
 class Fault:
     """The first I2 breach of one row: what sits at stream index `index` against what should."""
 
-    rule: str  # "attends-wrong-slot", "row-identity", "position-ids", "input-token", "cache-readable"
+    rule: str  # "attends-wrong-slot", "row-identity", "position-ids", "input-token", "cache-readable";
+    # an engine's rows also "retired-row" and "duplicate-row"
     call: int
     row: int | None = None
     request: int | None = None
@@ -90,6 +92,8 @@ class Fault:
     kv_bound: float | None = None  # real models with a noise floor: the bound the deviation is held to
     nearest: Alternative | None = None  # real models: the alternative entry nearest to what the slot holds
     nearest_distance: float | None = None
+    holder: int | None = None  # engines, duplicate-row: the row that holds the request already
+    left: str | None = None  # engines, retired-row: how the request left ("aborted", "finished")
 
 
 @dataclass(frozen=True)
