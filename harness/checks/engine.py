@@ -248,7 +248,7 @@ class EngineJudge:
     ) -> Fault | None:
         length, past, matched, row = read.length, read.past, read.matched, read.row
 
-        def at(rule: str, index: int, want: int | None, position: int | None, **more: Any) -> Fault:
+        def fault_at(rule: str, index: int, want: int | None, position: int | None, **more: Any) -> Fault:
             token, found_position = read.tokens[index], read.positions[index]
             distance = None
             if token == UNKNOWN:  # a real past slot: judged by its K/V
@@ -271,25 +271,25 @@ class EngineJudge:
             )
 
         if request is None:
-            return at("row-identity", 0, None, 0)
+            return fault_at("row-identity", 0, None, 0)
         if request not in eligible:
             state = self.session.book.requests.get(request)
-            return at(
+            return fault_at(
                 "retired-row", 0, None, None, left="aborted" if state is not None and state.aborted else "finished"
             )
         if holder != row:
-            return at("duplicate-row", 0, None, None, holder=holder)
+            return fault_at("duplicate-row", 0, None, None, holder=holder)
         sequence = self.session.tracked[request].sequence
         chunk = self.continues_round(request, call, read.stream, past)
         self.streams[request] = read.stream
         for i in range(length):  # the past, then the request's next token, must be its history
             if not chunk and matched <= i <= past:
                 want = sequence[i] if i < len(sequence) else None
-                return at("input-token" if i == past else "attends-wrong-slot", i, want, i)
+                return fault_at("input-token" if i == past else "attends-wrong-slot", i, want, i)
             if i < past and self.kv is not None:
                 continue  # a real model's past positions are judged through its K/V (above)
             if read.positions[i] != i:  # drafts may be anything, but at the next positions
-                return at("position-ids", i, sequence[i] if i < matched else None, i)
+                return fault_at("position-ids", i, sequence[i] if i < matched else None, i)
         return None
 
     def kv_distance(self, call: CallRecord, row: int, slot: int, index: int, request: int) -> float:

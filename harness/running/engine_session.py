@@ -21,13 +21,14 @@ from typing import Any, Protocol
 import torch
 
 from specaudit.contracts.builtins import check_model
-from specaudit.contracts.decoder import ContractError, model_changes, model_state, remove_new_hooks
-from specaudit.contracts.engine import EngineBook, build_engine, declared, engine_error, load_engine
+from specaudit.contracts.decoder import ContractError
+from specaudit.contracts.engine import ENGINE_RULES, EngineBook, build_engine, declared, engine_error, load_engine
 from specaudit.contracts.violation import Violation
 from specaudit.fixtures.pairs import is_exact, target_model
 from specaudit.fixtures.transparent import RequestScript, Script, ScriptedDraft, scripted_draft, transparent_target
 from specaudit.numerics.tolerance import DTYPES
 from specaudit.reference.oracle import OracleResult, greedy_oracle, kv_rows, reference_kv, truncate
+from specaudit.running.guard import ModelGuard
 from specaudit.running.instrument import CallRecord, breach, instrument
 from specaudit.running.runner import oracle_continuation
 
@@ -168,7 +169,7 @@ class EngineSession:
             self.stack.close()  # the shared models keep no hook of a session that never started
             raise
         self.book = EngineBook(engine, self.eos_token_id, self.timeout_s)
-        self.fingerprints = {"target": model_state(self.target), "draft": model_state(self.draft)}
+        self.models = ModelGuard({"target": self.target, "draft": self.draft}, session_models.cache_clear)
         self.max_batch_size = declared(engine, "max_batch_size")
         self.max_wait_steps = declared(engine, "max_wait_steps")
         self.verdict: StepJudge = self.judge(self)
@@ -299,18 +300,10 @@ class EngineSession:
             raise engine_error(problem.rule, problem.found, problem.evidence)
 
     def models_unchanged(self) -> None:
-        """'models-unchanged' after a step; the shared models are repaired (hooks removed) or,
-        if changed otherwise, rebuilt for the next session."""
-        changes = []
-        for role, model in (("target", self.target), ("draft", self.draft)):
-            found = model_changes(role, self.fingerprints[role], model)
-            if found:
-                remove_new_hooks(self.fingerprints[role], model)
-                if any(" left on " not in change for change in found):
-                    session_models.cache_clear()
-            changes += found
-        if changes:
-            raise engine_error("models-unchanged", "; ".join(changes[:6]), {"changes": changes})
+        """'models-unchanged' after a step (`specaudit.running.guard`, a decoder run's guard)."""
+        error = self.models.breach(ENGINE_RULES["models-unchanged"])
+        if error is not None:
+            raise error
 
     def new_calls(self) -> list[CallRecord]:
         calls = self.recording.target_calls[self.seen_calls :]

@@ -14,24 +14,12 @@ from typing import Any
 import torch
 
 from specaudit.contracts.case import Case
-from specaudit.contracts.decoder import (
-    ContractError,
-    ModelState,
-    Watchdog,
-    call_decoder,
-    global_hook_changes,
-    global_hooks,
-    instantiate,
-    load_decoder,
-    model_changes,
-    model_state,
-    remove_new_hooks,
-    still_running,
-)
+from specaudit.contracts.decoder import ContractError, Watchdog, call_decoder, instantiate, load_decoder, still_running
 from specaudit.fixtures.pairs import draft_model, target_model
 from specaudit.fixtures.transparent import RequestScript
 from specaudit.numerics.calibration import NoiseFloor, Witness, judge_divergence
 from specaudit.reference.oracle import OracleResult, greedy_oracle, kv_rows, reference_kv, truncate
+from specaudit.running.guard import ModelGuard
 from specaudit.running.instrument import Recording, breach, every_call, instrument
 
 
@@ -275,7 +263,7 @@ def guarded_call(
     input_ids, attention_mask = case.batch()  # [B, T] each
     if device is not None:
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    watched_models = watch_models(target, draft)
+    guard = ModelGuard({"target": target, "draft": draft}, evict_models)
     outputs, error = None, None
     with instrument(target, draft, sample or every_call) if instrumented else nullcontext(Recording()) as recording:
         watch = (lambda: progress(recording)) if instrumented else None  # un-instrumented: nothing to read
@@ -300,7 +288,7 @@ def guarded_call(
             error = exc
         synchronize(device)
         seconds = time.perf_counter() - start
-    changed = models_breach(watched_models, target, draft)  # always: it also repairs the models
+    changed = guard.breach()  # always: it also repairs the models
     error = breach(recording) or error or changed  # an un-instrumented recording is empty: no breach
     return Guarded(None if error is not None else outputs, error, recording, seconds, decoder)
 
@@ -316,37 +304,7 @@ def synchronize(device: torch.device | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Side effects on the shared models
-
-
-def watch_models(target: torch.nn.Module, draft: torch.nn.Module) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
-    """Fingerprints of the models (and torch's global hooks) before the decoder runs."""
-    models = {"target": (target, model_state(target))}
-    if draft is not target:
-        models["draft"] = (draft, model_state(draft))
-    return models, global_hooks()
-
-
-def models_breach(
-    watched: tuple[dict[str, tuple[torch.nn.Module, ModelState]], dict[str, tuple[int, ...]]],
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
-) -> ContractError | None:
-    """'models-unchanged', after repairing what was changed: hooks left behind are removed;
-    a built-in model changed in any other way is dropped from the caches, so the next run
-    (and the oracle) gets a freshly built one."""
-    models, hooks_before = watched
-    changes = global_hook_changes(hooks_before)
-    for role, (model, before) in models.items():
-        found = model_changes(role, before, model)
-        if found:
-            remove_new_hooks(before, model)
-            if any(" left on " not in change for change in found):
-                evict_models()
-        changes += found
-    if not changes:
-        return None
-    return ContractError("models-unchanged", "; ".join(changes[:6]), evidence={"changes": changes})
+# Side effects on the shared models (`specaudit.running.guard`)
 
 
 def evict_models() -> None:

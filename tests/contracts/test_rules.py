@@ -26,7 +26,7 @@ EMITTERS = {"Fault": "I2", "ContractError": "contract", "engine_error": "contrac
 LOCAL_EMITTERS = {
     ("checks/i1.py", "bad"): "I1",
     ("checks/rows.py", "slot_fault"): "I2",
-    ("checks/engine.py", "bad"): "I2",
+    ("checks/engine.py", "fault_at"): "I2",
     ("checks/paged.py", "bad"): "paged",
 }
 RULE_VARIABLES = {"checks/i1.py": "I1", "checks/rows.py": "I2", "checks/engine.py": "I2"}

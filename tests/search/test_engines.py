@@ -371,6 +371,12 @@ class TrainsTheTarget(EqSpecEngine):
         return super().step()
 
 
+class LeavesAGlobalHook(EqSpecEngine):
+    def step(self) -> dict[int, list[int]]:
+        torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
+        return super().step()
+
+
 class CallsForwardDirectly(EqSpecEngine):
     def step(self) -> dict[int, list[int]]:
         self.target.forward(input_ids=torch.tensor([[1]]))
@@ -379,6 +385,7 @@ class CallsForwardDirectly(EqSpecEngine):
 
 CONTRACT_CASES = {
     "TrainsTheTarget": "models-unchanged",
+    "LeavesAGlobalHook": "models-unchanged",  # a decoder run's guard: torch's global hooks too
     "CallsForwardDirectly": "unobserved-forward",
     "Raises": "step-returns",
     "ReturnsList": "step-result",
@@ -400,6 +407,7 @@ def test_contract_breach_names_its_rule(name: str) -> None:
         session.close()
     first = caught.value.violations[0]
     assert (first.check, first.rule) == ("contract", CONTRACT_CASES[name]), str(caught.value)
+    assert not torch.nn.modules.module._global_forward_hooks, "the guard removes what the engine left"
 
 
 def test_tokens_after_abort_break_the_contract() -> None:
