@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,11 @@ from hypothesis import strategies as st
 
 from specaudit.adapters.blackbox import dtype_name
 from specaudit.artifacts.report import entry
-from specaudit.checks import RowEquivalence, check_equivalence, equivalence
+from specaudit.checks.equivalence import RowEquivalence, compare_request, divergence, margin_witness
 from specaudit.contracts.builtins import MODELS
-from specaudit.contracts.case import Case
 from specaudit.contracts.violation import Violation
-from specaudit.reference.oracle import OracleResult, answer_oracles
-from specaudit.running.instrument import Recording
-from specaudit.running.runner import Run
+from specaudit.reference.oracle import OracleResult, answer_oracles, greedy_oracle
+from specaudit.running.record import Entry, Record
 
 EVIDENCE = (
     "output level only: each request's tokens against the batch-size-1 greedy oracle; the engine's "
@@ -363,32 +361,18 @@ def oracles(
 
 
 def compare(
-    target: torch.nn.Module,
-    request: Request,
-    tokens: tuple[int, ...],
-    oracle: OracleResult,
-    eos_token_id: int | None,
-    dtype: str,
-    label: str,
+    target: torch.nn.Module, entry: Entry, eos_token_id: int | None, dtype: str
 ) -> tuple[RowEquivalence, Violation | None]:
-    """The tie-aware comparison of `specaudit.checks.equivalence`, on a one-request Run with no recording."""
-    case = Case(
-        prompts=(request.prompt,),
-        accept=((),),
-        num_draft_tokens=0,
-        max_new_tokens=request.max_new_tokens,
-        eos_token_id=eos_token_id,
-        pad_token_id=0,
-        model=f"external:{label}",
-        draft="blackbox",
-        dtype=dtype,
-    )
-    run = Run(case, label, [list(tokens)], None, [oracle], [], Recording(), target, 0.0)
+    """The tie-aware comparison every subject's request gets (`checks.equivalence.compare_request`),
+    ties judged by the oracle's margin against the dtype's rounding tolerance."""
     with torch.no_grad():
-        row = equivalence(run).rows[0]
-        found = check_equivalence(run)
-    violation = replace(found[0], request=request.id, row=None, call=None, slot=None) if found else None
-    return row, violation
+        row = compare_request(
+            entry,
+            eos_token_id,
+            lambda prefix, index, found, want, margin: margin_witness(index, margin, dtype),
+            lambda prefix, n: greedy_oracle(target, prefix, max_new_tokens=n, eos_token_id=eos_token_id),
+        )
+    return row, None if row.equivalent else divergence(row)
 
 
 def overlaps(spans: dict[int, tuple[float | None, float | None]]) -> dict[int, bool]:
@@ -424,18 +408,25 @@ def judge_answers(
     engine_error: Violation | None = None,
     say: Callable[[str], None] | None = None,
 ) -> EngineAuditResult:
-    """Compare every answered request with its oracle; requests with an error are not compared."""
+    """Compare every answered request with its oracle; requests with an error are not compared.
+    The answers are first the record every subject's evidence is (`running.record`): no calls,
+    each request admitted and retired when the transport sent and got it."""
     if say is not None:
         say(f"engine done in {seconds:.2f} s; batch-size-1 greedy oracle for {len(requests)} requests")
     oracle, oracle_seconds = oracles(target, requests, answers, eos_token_id)
     dtype = dtype or dtype_name(target)
+    unit = {"http": "seconds", "steps": "steps"}.get(transport, "calls")  # what arrivals count in (`Request`)
+    record = Record(label, "blackbox", unit, eos_token_id)
+    for r in requests:
+        a = answers[r.id]
+        record.admit(Entry(r.id, r.prompt, r.max_new_tokens, oracle[r.id], list(a.tokens or ()), a.start, a.end))
     flags = overlaps({r.id: (answers[r.id].start, answers[r.id].end) for r in requests})
     outcomes = []
     for r in requests:
         a = answers[r.id]
         row = violation = None
         if a.error is None and a.tokens is not None:
-            row, violation = compare(target, r, a.tokens, oracle[r.id], eos_token_id, dtype, label)
+            row, violation = compare(target, record.entries[r.id], eos_token_id, dtype)
         outcomes.append(RequestOutcome(r, a.tokens, a.error, row, violation, a.start, a.end, flags[r.id], a.note))
     return EngineAuditResult(label, transport, tuple(outcomes), engine_error, seconds, oracle_seconds)
 

@@ -8,8 +8,8 @@ After every step, in the registry's order:
   I2           every row of those forwards attends exactly one live request's own tokens at
                positions 0, 1, 2, ...; its first input is that request's next token (idle
                rows, attending the pad token only, excepted)
-  equivalence  each request's tokens so far are a prefix of its oracle output (finished ones
-               equal to it: EOS or max_new_tokens)
+  equivalence  each request's tokens so far (the session's record) are a prefix of its oracle
+               output (finished ones equal to it: EOS or max_new_tokens)
   liveness     a request waits at most the declared `max_wait_steps` for its first token and
                between two emissions while no more than `max_batch_size` requests are
                unfinished; every request finishes when the engine is drained (the rules
@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specaudit.checks.diagnosis import Finding
-from specaudit.checks.equivalence import margin_witness, tie_aware
+from specaudit.checks.equivalence import compare_request, divergence, margin_witness
 from specaudit.checks.i1 import i1_call_violations
 from specaudit.checks.i2 import violation
-from specaudit.checks.liveness import Ledger, Tenure, overdue, unfinished
+from specaudit.checks.liveness import Ledger, Tenure, overdue, settle, unfinished
 from specaudit.checks.rows import (
     UNKNOWN,
     Fault,
@@ -163,14 +163,11 @@ class EngineJudge:
 
     def drained(self, budget: int) -> list[Violation]:
         """'request-finishes' (`checks.liveness`): a request still live after the drain's `budget` of steps."""
-        live = set(self.session.book.live_ids())
-        for r in self.session.tracked:
-            tenure = self.tenure(r)
-            tenure.tokens, tenure.finished = len(self.session.book.requests[r].tokens), r not in live
+        settle(self.ledger, self.session.record)
         return [replace(v, evidence={**v.evidence, "steps": budget}) for v in unfinished(self.ledger)]
 
     def tenure(self, request: int) -> Tenure:
-        return self.ledger.tenure(request, self.session.tracked[request].request.max_new_tokens)
+        return self.ledger.tenure(request, self.session.record.entries[request].max_new_tokens)
 
     def failure(self, violations: list[Violation], reproducer: dict[str, Any]) -> EngineFailure:
         return EngineFailure(violations, reproducer, self.diagnose)
@@ -334,36 +331,19 @@ class EngineJudge:
 
     def equivalence(self) -> list[Violation]:
         """Each request's tokens so far are a prefix of the oracle's output, compared as a
-        decoder's row is (`checks.equivalence.tie_aware`; in float64 a tie is all but impossible,
-        and a re-synced request's history would still be the oracle's for I2)."""
+        decoder's row is (`checks.equivalence.compare_request` over the session's record; in
+        float64 a tie is all but impossible, and a re-synced request's history would still be
+        the oracle's for I2)."""
         out = []
-        for r, t in self.session.tracked.items():
-            got = tuple(self.session.book.requests[r].tokens)
-            request = t.request
-            reference, judged, i = tie_aware(
-                got,
-                t.oracle,
-                request.prompt,
-                request.max_new_tokens,
+        for entry in self.session.record.entries.values():
+            compared = compare_request(
+                entry,
                 self.session.eos_token_id,
                 lambda prefix, index, found, want, margin: margin_witness(index, margin, DTYPE),
                 self.session.oracle_from,
             )
-            if got == reference[: len(got)]:
-                continue
-            ties = [w.index for w in judged if w.numerical]
-            want = reference[i] if i < len(reference) else "nothing (the oracle stopped)"
-            after = f" after numerical tie(s) at {ties}" if ties else ""
-            out.append(
-                Violation(
-                    "equivalence",
-                    "first-divergence",
-                    f"request {r} token {i} = {got[i]}{after} (tokens so far {list(got[:12])})",
-                    f"{want} (oracle output {list(reference)[:12]})",
-                    request=r,
-                    evidence={"index": i, "found_token": got[i], "expected": list(reference), "ties": ties},
-                )
-            )
+            if compared.found != compared.reference[: len(compared.found)]:
+                out.append(divergence(compared))
         return out
 
     def liveness(self, eligible: set[int], emitted: dict[int, list[int]], crowded: bool) -> list[Violation]:

@@ -11,7 +11,7 @@ oracle's top-1/top-2 margin is held to the dtype's rounding tolerance.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specaudit.checks.contract import check_contract
 from specaudit.checks.i2 import row_views
@@ -20,6 +20,7 @@ from specaudit.contracts.violation import Violation
 from specaudit.numerics.calibration import Witness
 from specaudit.numerics.tolerance import DTYPES, TIE_TOLERANCE
 from specaudit.reference.oracle import OracleResult
+from specaudit.running.record import Entry
 from specaudit.running.runner import Run
 
 
@@ -150,24 +151,31 @@ def tie_aware(
     return reference, tuple(judged), i
 
 
+def compare_request(
+    entry: Entry,
+    eos: int | None,
+    judge_tie: Judge,
+    oracle_from: Callable[[tuple[int, ...], int], OracleResult],
+) -> RowEquivalence:
+    """Tie-aware comparison of one request of a record (`running.record`: a decoder's row, an
+    engine's request, a black box's answer) with its oracle (`tie_aware`)."""
+    found, oracle = tuple(entry.tokens), entry.oracle
+    reference, judged, i = tie_aware(found, oracle, entry.prompt, entry.max_new_tokens, eos, judge_tie, oracle_from)
+    ties = tuple(w.index for w in judged if w.numerical)
+    stop = stop_reason(found, entry.max_new_tokens, eos)
+    diverged = None if found == reference else i
+    resynced = reference if ties else None
+    return RowEquivalence(entry.request, oracle.tokens, found, oracle.stop, stop, diverged, ties, resynced, judged)
+
+
 def compare_row(run: Run, r: int) -> RowEquivalence:
-    """Tie-aware comparison of one row with the oracle (`tie_aware`, ties judged by `judge`)."""
-    case, oracle = run.case, run.oracle[r]
-    found = tuple(run.outputs[r]) if run.outputs is not None else ()
-    reference, judged, i = tie_aware(
-        found,
-        oracle,
-        case.prompts[r],
-        case.max_new_tokens,
-        case.eos_token_id,
+    """One row of a decoder run, its ties judged by `judge` (the run's noise floor or the oracle margin)."""
+    return compare_request(
+        run.record.entries[r],
+        run.case.eos_token_id,
         lambda prefix, index, got, want, margin: judge(run, prefix, index, got, want, margin),
         run.oracle_from,
     )
-    ties = tuple(w.index for w in judged if w.numerical)
-    stop = stop_reason(found, case.max_new_tokens, case.eos_token_id)
-    diverged = None if found == reference else i
-    resynced = reference if ties else None
-    return RowEquivalence(r, oracle.tokens, found, oracle.stop, stop, diverged, ties, resynced, judged)
 
 
 def equivalence(run: Run) -> Equivalence:
@@ -206,35 +214,41 @@ def check_equivalence(run: Run) -> list[Violation]:
             continue
         i = r.first_divergence
         assert i is not None
-        if r.ties:
-            notes = f" after {len(r.ties)} numerical tie(s) at {list(r.ties)}"
-        else:
-            notes = ""
-        if i < len(r.found):
-            found = f"token {r.found[i]} at index {i}{notes}"
-        else:
-            found = f"the output ending ({r.found_stop}) after {len(r.found)} tokens"
-        ref = r.reference
-        expected = f"token {ref[i]}" if i < len(ref) else f"the output ending ({r.expected_stop})"
         decided, holder = locate(run, r.row, i) if i < len(r.found) else (None, None)
-        if holder is not None and holder.call != decided:
-            found += f" (the cache holds it from target call {holder.call})"
-        out.append(
-            Violation(
-                "equivalence",
-                "first-divergence",
-                f"{found} (partial match {r.partial:.2f})",
-                f"{expected} at index {i} like the batch-size-1 oracle",
-                call=decided,
-                row=holder.row if holder is not None else None,
-                slot=holder.slots[len(run.case.prompts[r.row]) + i] if holder is not None else None,
-                request=r.row,
-                evidence={
-                    "index": i,
-                    "found_token": r.found[i] if i < len(r.found) else None,
-                    "expected_token": ref[i] if i < len(ref) else None,
-                    "partial": r.partial,
-                },
-            )
-        )
+        if holder is None:
+            out.append(replace(divergence(r), call=decided))
+            continue
+        cached_from = holder.call if holder.call != decided else None
+        slot = holder.slots[len(run.case.prompts[r.row]) + i]
+        out.append(replace(divergence(r, cached_from), call=decided, row=holder.row, slot=slot))
     return out
+
+
+def divergence(r: RowEquivalence, cached_from: int | None = None) -> Violation:
+    """The first divergence of one request (`r.row` is its id), phrased alike for every subject
+    (`cached_from`: the target call from which a decoder's cache holds the wrong token)."""
+    i = r.first_divergence
+    assert i is not None
+    notes = f" after {len(r.ties)} numerical tie(s) at {list(r.ties)}" if r.ties else ""
+    if i < len(r.found):
+        found = f"token {r.found[i]} at index {i}{notes}"
+        if cached_from is not None:
+            found += f" (the cache holds it from target call {cached_from})"
+    else:
+        found = f"the output ending ({r.found_stop}) after {len(r.found)} tokens"
+    ref = r.reference
+    expected = f"token {ref[i]}" if i < len(ref) else f"the output ending ({r.expected_stop})"
+    return Violation(
+        "equivalence",
+        "first-divergence",
+        f"{found} (partial match {r.partial:.2f})",
+        f"{expected} at index {i} like the batch-size-1 oracle",
+        request=r.row,
+        evidence={
+            "index": i,
+            "found_token": r.found[i] if i < len(r.found) else None,
+            "expected_token": ref[i] if i < len(ref) else None,
+            "partial": r.partial,
+            "ties": list(r.ties),
+        },
+    )

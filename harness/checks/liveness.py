@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from specaudit.contracts.violation import Violation
+from specaudit.running.record import Record
 
 
 @dataclass
@@ -48,6 +49,16 @@ class Ledger:
     def at_calls(self) -> bool:
         """Ticks are target calls, so a violation names the call it was seen at."""
         return self.unit == "target calls"
+
+
+def settle(ledger: Ledger, record: Record) -> Ledger:
+    """Each request's tokens so far and whether it is done (finished or aborted), from the
+    subject's record (`running.record`): what `unfinished` judges, alike for every subject."""
+    for r, entry in record.entries.items():
+        tenure = ledger.tenure(r, entry.max_new_tokens, row=r if record.kind == "decoder" else None)
+        tenure.tokens = len(entry.tokens)
+        tenure.finished = entry.aborted or entry.finished(record.eos_token_id)
+    return ledger
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 
 from specaudit.checks import RowView, row_views
-from specaudit.checks.liveness import Ledger, overdue, unfinished
+from specaudit.checks.liveness import Ledger, overdue, settle, unfinished
 from specaudit.contracts.case import Case
 from specaudit.contracts.violation import Violation
 from specaudit.fixtures.pairs import is_exact
@@ -55,20 +55,13 @@ def decoder_ledger(run: Run, max_wait_calls: int | None) -> Ledger:
     by_request = calls_by_request(run)
     capacity = getattr(run.instance, "max_batch_size", None)
     spans = [(c[0], c[-1]) for c in by_request.values() if c]
-    ledger = Ledger("target calls", max_wait_calls, "max_wait_calls")
-    for r, tokens in enumerate(run.outputs):
-        tenure = ledger.tenure(r, run.case.max_new_tokens, row=r)
-        tenure.tokens, tenure.finished = len(tokens), finished(run, tokens)
+    ledger = settle(Ledger("target calls", max_wait_calls, "max_wait_calls"), run.record)
+    for r, tenure in ledger.tenures.items():
         calls = tenure.served = by_request.get(r, [])
         if calls:
             room = [c for c in range(calls[0]) if capacity is None or sum(a <= c <= b for a, b in spans) < capacity]
             tenure.waiting = set(room) | set(range(calls[0], calls[-1])) - set(calls)
     return ledger
-
-
-def finished(run: Run, tokens: list[int]) -> bool:
-    eos = run.case.eos_token_id
-    return len(tokens) >= run.case.max_new_tokens or bool(tokens and eos is not None and tokens[-1] == eos)
 
 
 def is_grouped(run: Run, call: int) -> bool:

@@ -30,6 +30,7 @@ from specaudit.numerics.tolerance import DTYPES
 from specaudit.reference.oracle import OracleResult, greedy_oracle, kv_rows, reference_kv, truncate
 from specaudit.running.guard import ModelGuard
 from specaudit.running.instrument import CallRecord, breach, instrument
+from specaudit.running.record import Entry, Record
 from specaudit.running.runner import oracle_continuation
 
 STEP_TIMEOUT_S = 30.0
@@ -67,15 +68,11 @@ class Request:
 
 @dataclass
 class Tracked:
-    """The harness's view of one request: its exact history and the oracle's answer."""
+    """The harness's view of one request: its exact history, what I2 reads its rows against (its
+    oracle answer and tokens so far are the record's `Entry`)."""
 
     request: Request
     sequence: tuple[int, ...]  # prompt + EOS-blind oracle continuation (past max_new_tokens + K)
-    oracle: OracleResult  # the oracle's output: up to EOS (included) or max_new_tokens, with its margins
-
-    @property
-    def expected(self) -> tuple[int, ...]:
-        return self.oracle.tokens
 
 
 @dataclass(frozen=True)
@@ -150,6 +147,7 @@ class EngineSession:
         self.stack = ExitStack()
         self.recording = self.stack.enter_context(instrument(self.target, self.draft))
         self.tracked: dict[int, Tracked] = {}
+        self.record = Record(self.spec, "engine", "target calls", self.eos_token_id, self.recording.target_calls)
         self.seen_calls = 0
         self.unobserved = 0
         self.last_lengths: dict[int, int] = {}  # live request -> its tokens after the previous step
@@ -219,7 +217,9 @@ class EngineSession:
         continuation = full.tokens
         expected, stop = truncate(continuation, max_new_tokens=request.max_new_tokens, eos_token_id=self.eos_token_id)
         oracle = OracleResult(expected, stop, full.margins[: len(expected)])
-        self.tracked[request.request_id] = Tracked(request, request.prompt + continuation, oracle)
+        self.tracked[request.request_id] = Tracked(request, request.prompt + continuation)
+        admitted = len(self.record.calls)
+        self.record.admit(Entry(request.request_id, request.prompt, request.max_new_tokens, oracle, admitted=admitted))
         if self.kv is not None:
             self.kv.track(request.request_id, request.prompt + continuation)
         self.draft.script = self.script()
@@ -244,7 +244,20 @@ class EngineSession:
 
     def abort(self, request_id: int) -> None:
         self.ops.append({"op": "abort", "id": request_id})
-        self.fail(self.guard(lambda: self.book.abort(request_id)))
+        violations = self.guard(lambda: self.book.abort(request_id))
+        self.settle()
+        self.fail(violations)
+
+    def settle(self) -> None:
+        """The record's ledger after a rule: each request's tokens so far, and the target call at
+        which it finished or was aborted."""
+        for r, entry in self.record.entries.items():
+            state = self.book.requests.get(r)
+            if state is None:
+                continue
+            entry.tokens, entry.aborted = list(state.tokens), state.aborted
+            if entry.retired is None and not state.live(self.eos_token_id):
+                entry.retired = len(self.record.calls)
 
     def step(self, log: bool = True) -> dict[int, list[int]]:
         """One engine step, judged; raises the judge's failure on the first broken check."""
@@ -262,6 +275,7 @@ class EngineSession:
             self.book.check_unfinished()
 
         violations = self.guard(run)
+        self.settle()
         calls = self.new_calls()
         if not violations:
             violations = self.verdict.step(calls, eligible, committed, crowded, emitted)

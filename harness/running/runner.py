@@ -21,6 +21,7 @@ from specaudit.numerics.calibration import NoiseFloor, Witness, judge_divergence
 from specaudit.reference.oracle import OracleResult, greedy_oracle, kv_rows, reference_kv, truncate
 from specaudit.running.guard import ModelGuard
 from specaudit.running.instrument import Recording, breach, every_call, instrument
+from specaudit.running.record import Entry, Record
 
 
 @dataclass
@@ -92,6 +93,17 @@ class Run:
         """[n, F] the target's batch-size-1 K/V of `tokens` at positions 0..n-1 (I2's reference)."""
         with torch.no_grad():
             return kv_rows(reference_kv(self.target, tokens))
+
+    @functools.cached_property
+    def record(self) -> Record:
+        """The run as every subject's evidence (`running.record`): each case row a request, handed
+        over when `generate` starts and returned when it ends."""
+        calls = self.recording.target_calls
+        record = Record(self.decoder, "decoder", "target calls", self.case.eos_token_id, calls)
+        outputs = self.outputs or [[] for _ in self.case.prompts]
+        for r, (prompt, tokens) in enumerate(zip(self.case.prompts, outputs)):
+            record.admit(Entry(r, prompt, self.case.max_new_tokens, self.oracle[r], list(tokens), 0, len(calls)))
+        return record
 
     @property
     def generated_tokens(self) -> int:

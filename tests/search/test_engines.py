@@ -161,7 +161,7 @@ def test_duplicate_prompts_replay_on_a_reference_engine(spec: str) -> None:
         rows = rows_holding(session, [5, 6])
         assert rows >= 2, f"{spec}: at most {rows} row of a target call held prompt [5, 6], want two at once"
         for r in (1, 2):
-            got, want = session.book.requests[r].tokens, list(session.tracked[r].expected)
+            got, want = session.book.requests[r].tokens, list(session.record.entries[r].oracle.tokens)
             assert got == want, f"{spec}: request {r} got {got}, but the oracle says {want}"
     finally:
         session.close()
@@ -433,7 +433,7 @@ def test_abort_of_unknown_or_finished_ids_does_nothing() -> None:
         session.add(request(1, (9, 9), 3))
         session.step()
         session.drain()
-        assert session.book.requests[1].tokens == list(session.tracked[1].expected)
+        assert session.book.requests[1].tokens == list(session.record.entries[1].oracle.tokens)
     finally:
         session.close()
 

@@ -1,0 +1,51 @@
+"""The one shape of a subject's evidence: the target calls observed, and a ledger of requests.
+
+A batch decoder's run (`running.runner.Run`, real-model batches included), an engine session's
+steps (`running.engine_session.EngineSession`) and a black box's answers
+(`adapters.engine_blackbox.judge_answers`) each keep a `Record`: every target forward the
+instrumentation saw (none for a black box, whose models the harness cannot hook) and, per request,
+what was asked, the batch-size-1 oracle's answer, the tokens so far, and when the subject took it
+and let it go. The checks every subject shares read it whatever made it: equivalence
+(`checks.equivalence.compare_request`) and the finishing rule (`checks.liveness.settle`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specaudit.reference.oracle import OracleResult
+from specaudit.running.instrument import CallRecord
+
+
+@dataclass
+class Entry:
+    """One request in the ledger."""
+
+    request: int
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    oracle: OracleResult  # the batch-size-1 greedy output, EOS and limit applied, with its margins
+    tokens: list[int] = field(default_factory=list)  # what the subject gave so far
+    admitted: float | None = None  # when the subject took it, in the record's unit (None: never)
+    retired: float | None = None  # when it finished or was aborted (None: still live, or never answered)
+    aborted: bool = False
+
+    def finished(self, eos: int | None) -> bool:
+        """EOS or `max_new_tokens` reached (an aborted request is retired, not finished)."""
+        return len(self.tokens) >= self.max_new_tokens or bool(self.tokens and self.tokens[-1] == eos)
+
+
+@dataclass
+class Record:
+    """A subject's evidence, judged by the same checks whatever made it."""
+
+    subject: str  # the decoder or engine spec, or a black box's label
+    kind: str  # "decoder", "engine" or "blackbox"
+    unit: str  # what `admitted` and `retired` count: "target calls", "steps", "seconds", "calls"
+    eos_token_id: int | None
+    calls: list[CallRecord] = field(default_factory=list)  # every observed target forward, in order
+    entries: dict[int, Entry] = field(default_factory=dict)  # request id -> its entry, in arrival order
+
+    def admit(self, entry: Entry) -> Entry:
+        self.entries[entry.request] = entry
+        return entry
