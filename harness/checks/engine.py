@@ -15,14 +15,17 @@ After every step, in the registry's order:
                unfinished; every request finishes when the engine is drained (the rules
                of `checks.liveness`, over the judge's ledger, counted in steps)
 
-Rows are bound to requests by content: a row's candidates are the requests whose history it
-holds longest (`checks.rows.common_prefixes`, as for a decoder's rows); requests that share a
-history (duplicate prompts) are told apart by progress, each row preferring the request whose
-previous call it continues and whose committed length is nearest its past, then matched one to
-one (`bind_rows`); where they cannot be told apart, either binding judges the same. On a tiny
-real model (float64) the past slots show K/V: a row's past slot holds entry i of a request when
-its K/V equal that request's batch-size-1 entry i within the dtype's tolerance (the decoder's
-`checks.rows.KVReader`, reading the session's `KVReferences`: `engine_reader`).
+Rows are bound and judged by a decoder's row follower (`checks.rows.RowFollower`), one for the
+session, the requests joining it as they are added: the engine's book tells it, per step, which
+requests are live and their committed lengths (what a decoder's calls only imply), and no round
+spans two steps. So a row binds one to one to a live request whose history it holds by content
+(requests that share a history, duplicate prompts, told apart by progress and continuity as a
+decoder's are), its idle rows (a fixed-size engine's empty slots) are skipped, and a row left
+over is a fault of its own: a retired request's history (`retired-row`), a live request's held
+by another row (`duplicate-row`), no request's history (`row-identity`). On a tiny real model
+(float64) the past slots show K/V, read against each request's batch-size-1 entries within the
+dtype's tolerance (the decoder's `checks.rows.KVReader`, over the session's `KVReferences`:
+`engine_reader`).
 
 A failure carries its diagnosis, a `checks.diagnosis.Finding` as a decoder run's diagnosis has:
 the first violated check and rule, the engine step, target call, request, row and slot, and the
@@ -37,81 +40,33 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from specaudit.checks.diagnosis import Finding
 from specaudit.checks.equivalence import compare_request, divergence, margin_witness
 from specaudit.checks.i1 import i1_call_violations
 from specaudit.checks.i2 import violation
 from specaudit.checks.liveness import Ledger, Tenure, overdue, settle, unfinished
-from specaudit.checks.rows import (
-    UNKNOWN,
-    Fault,
-    KVReader,
-    Observation,
-    assign,
-    common_prefixes,
-    draft_between,
-    observe,
-)
+from specaudit.checks.registry import ENGINE, order_for
+from specaudit.checks.rows import Book, Fault, KVReader, RowFollower
 from specaudit.contracts.violation import Violation, render
 from specaudit.numerics.tolerance import DTYPES
-from specaudit.running.engine_session import DTYPE, Stream
+from specaudit.running.engine_session import DTYPE
 from specaudit.running.instrument import CallRecord
 
 if TYPE_CHECKING:  # the judge reads a session; running one is the caller's
     from specaudit.running.engine_session import EngineSession
+
+ENGINE_ORDER = tuple(name for name in order_for(ENGINE) if name != "contract")
+"""The registry's checks of an engine after every step (the contract is the session's own)."""
 
 IDLE_ROW_RULES = frozenset({"row-attends-nothing"})
 """I1 rules an engine may break on purpose: a fixed-size engine runs idle rows (empty slots,
 CUDA-graph batches) that attend nothing, or only the pad token (`EngineJudge.idle`). Such a
 row is bound to no request; an engine that used its output would emit a wrong token
 (equivalence) or starve its request (liveness)."""
-
-
-@dataclass(frozen=True)
-class RowRead:
-    """One row of a target call: what it attends, and the requests its content cannot tell apart."""
-
-    row: int
-    length: int  # attended entries, past then current
-    past: int
-    tokens: list[int]
-    positions: list[int]
-    slots: list[int]
-    stream: Stream
-    matched: int  # the longest prefix of a tracked request's history the row holds (0: none)
-    candidates: tuple[int, ...]  # the requests holding that prefix, most likely first
-
-
-def bind_rows(reads: list[RowRead], eligible: set[int]) -> list[tuple[RowRead, int, int]]:
-    """(read, request, holder row) for each row: rows matched one to one with live requests
-    among their candidates by the decoder's matching (`checks.rows.assign`: each row's
-    candidates scored by how long a prefix it holds, then by its order of preference), so two
-    requests with one history (duplicate prompts) take one row each, whichever way round: their
-    histories are identical, so either binding judges the same. A row left over holds a retired
-    candidate if it can, else its first candidate again (held by `holder`: a duplicate row)."""
-    ids = sorted({r for read in reads for r in read.candidates})
-    column = {r: j for j, r in enumerate(ids)}
-    score = torch.full((len(reads), len(ids)), -1.0)  # [B, R] -1: not a live candidate of the row
-    for b, read in enumerate(reads):
-        live = [r for r in read.candidates if r in eligible]
-        for rank, r in enumerate(live):  # a longer held prefix first, then the row's preference
-            score[b, column[r]] = read.matched * (len(ids) + 1) + len(live) - rank
-    owner = {ids[j]: reads[b].row for b, j in assign(score)}  # request -> row
-    bound = {row: r for r, row in owner.items()}
-    for read in reads:
-        if read.row not in bound:
-            retired = [r for r in read.candidates if r not in eligible and r not in owner]
-            request = retired[0] if retired else read.candidates[0]
-            owner.setdefault(request, read.row)
-            bound[read.row] = request
-    return [(read, bound[read.row], owner[bound[read.row]]) for read in reads]
 
 
 def engine_reader(session: EngineSession) -> KVReader:
@@ -138,9 +93,11 @@ class EngineJudge:
         self.session = session
         self.diagnose = diagnose
         self.real = session.kv is not None  # a tiny real target: past slots are read by their K/V
-        self.kv: KVReader | None = None  # the reader of the call being judged (real targets)
-        self.draft_orders: list[int] = []  # the draft calls' places so far, ascending (`draft_between`)
-        self.streams: dict[int, Stream] = {}  # request -> what its last target call attended
+        self.rows = RowFollower(
+            not self.real, session.num_draft_tokens, session.pad_token_id, session.recording.target_calls
+        )  # a decoder's row binder and I2 judge, told the engine's live requests and committed lengths
+        self.ids: list[int] = []  # the follower's request index -> the engine's request id
+        self.step_starts: list[float] = []  # where each step began: no round spans two steps
         self.ledger = Ledger("steps", session.max_wait_steps, "max_wait_steps")  # served: steps it emitted in
 
     def step(
@@ -151,15 +108,19 @@ class EngineJudge:
         crowded: bool,
         emitted: dict[int, list[int]],
     ) -> list[Violation]:
-        """The step's violations of the first check that has any (I1, I2, equivalence, liveness)."""
-        violations = [v for call in calls for v in i1_call_violations(call) if v.rule not in IDLE_ROW_RULES]
-        if not violations:
-            violations = [v for call in calls for v in self.i2(call, eligible, committed)]
-        if not violations:
-            violations = self.equivalence()
-        if not violations:
-            violations = self.liveness(eligible, emitted, crowded)
-        return violations
+        """The step's violations of the first check that has any, in the registry's order for an
+        engine (`ENGINE_ORDER`: the contract is the session's, before any of these)."""
+        judges: dict[str, Callable[[], list[Violation]]] = {
+            "I1": lambda: [v for call in calls for v in i1_call_violations(call) if v.rule not in IDLE_ROW_RULES],
+            "I2": lambda: self.i2(calls, eligible, committed),
+            "equivalence": self.equivalence,
+            "liveness": lambda: self.liveness(eligible, emitted, crowded),
+        }
+        for name in ENGINE_ORDER:
+            violations = judges[name]()
+            if violations:
+                return violations
+        return []
 
     def drained(self, budget: int) -> list[Violation]:
         """'request-finishes' (`checks.liveness`): a request still live after the drain's `budget` of steps."""
@@ -172,162 +133,49 @@ class EngineJudge:
     def failure(self, violations: list[Violation], reproducer: dict[str, Any]) -> EngineFailure:
         return EngineFailure(violations, reproducer, self.diagnose)
 
-    def i2(self, call: CallRecord, eligible: set[int], committed: dict[int, int]) -> list[Violation]:
-        """I2 on one target call: each row bound to a request whose history it holds longest
-        (`bind_rows`: one row per request, told apart by progress where histories coincide)."""
+    def i2(self, calls: list[CallRecord], eligible: set[int], committed: dict[int, int]) -> list[Violation]:
+        """I2 on the step's target calls, judged by a decoder's row follower (`checks.rows`):
+        rows bound one to one to the live requests whose histories they hold (twins, requests
+        with one history, told apart by progress), idle rows skipped, rows left over faulted."""
+        self.follow_requests()
+        if calls:
+            self.step_starts.append(calls[0].order - 0.5)
+        draft_orders = [c.order for c in self.session.recording.draft_calls]
+        self.rows.draft_orders = sorted([*draft_orders, *self.step_starts])
+        index = {r: i for i, r in enumerate(self.ids)}
+        book = Book(frozenset(index[r] for r in eligible), {index[r]: n for r, n in committed.items()})
+        return [v for call in calls for v in self.call_faults(call, book)]
+
+    def follow_requests(self) -> None:
+        """The requests added since the last step join the follower, read against their histories."""
+        new = [r for r in self.session.tracked if r not in set(self.ids)]
+        if new:
+            tracked = [self.session.tracked[r] for r in new]
+            self.rows.add([t.request.prompt for t in tracked], [t.sequence for t in tracked])
+            self.ids += new
+            if self.real:
+                self.rows.kv = engine_reader(self.session)
+
+    def call_faults(self, call: CallRecord, book: Book) -> list[Violation]:
         if call.input_ids is None or call.input_ids.dim() != 2:
-            return []
+            return []  # I1 reports a malformed call
+        pad = self.session.pad_token_id
         if call.past_length and not call.cache_after:
-            return [violation(Fault("cache-readable", call.index), self.session.pad_token_id)]
-        ids = list(self.session.tracked)
-        sequences = [self.session.tracked[r].sequence for r in ids]
-        width = max(len(s) for s in sequences)
-        table = torch.tensor([list(s) + [-2] * (width - len(s)) for s in sequences])  # [R, Ls]
-        lengths = torch.tensor([len(s) for s in sequences])  # [R]
-        exact = not self.real
-        self.kv = None if exact else engine_reader(self.session)
-        self.draft_orders = sorted(c.order for c in self.session.recording.draft_calls)
-        obs = observe(call, exact=exact)
-        # bound by content: tokens in order, positions judged apart (a wrong position is not a wrong request)
-        by_content = replace(obs, positions=torch.arange(obs.tokens.shape[1]).expand_as(obs.tokens))
-        prefix = common_prefixes(by_content, table, lengths, exact=exact)  # [B, R]
-        if self.kv is not None:  # a real model's past counts only as far as its K/V are the request's entries
-            held = self.kv.past_prefixes(call, obs)  # [B, R], the requests in `ids` order
-            prefix = torch.where(held < obs.past[:, None], held, prefix)
-        reads = [self.read_row(call, obs, row, prefix[row], ids, eligible, committed) for row in range(prefix.shape[0])]
-        judged = [r for r in reads if r.length and not self.idle(call, r)]
-        out: list[Violation] = []
-        for read, request, holder in bind_rows([r for r in judged if r.matched], eligible):
-            fault = self.row_fault(call, read, request, holder, eligible)
-            if fault is not None:
-                out.append(fault)
-        out += [v for r in judged if not r.matched if (v := self.row_fault(call, r, None, None, eligible)) is not None]
-        return sorted(out, key=lambda v: v.row if v.row is not None else -1)
+            return [violation(Fault("cache-readable", call.index), pad)]
+        before = len(self.rows.faults)
+        self.rows.visit(call, book)
+        faults = sorted(self.rows.faults[before:], key=lambda f: -1 if f.row is None else f.row)
+        return [violation(self.named(f), pad) for f in faults]
 
-    def read_row(
-        self,
-        call: CallRecord,
-        obs: Observation,
-        row: int,
-        prefix: torch.Tensor,
-        ids: list[int],
-        eligible: set[int],
-        committed: dict[int, int],
-    ) -> RowRead:
-        """What `row` attends, and the requests whose histories it holds longest, most likely first:
-        live, continuing its own previous call (a chunked round), nearest its committed length."""
-        length, past = int(obs.length[row]), int(obs.past[row])
-        tokens, slots = obs.tokens[row].tolist(), obs.slots[row].tolist()
-        kv = None if self.kv is None else self.kv.at(call, row, slots[:length])
-        stream = Stream(call.order, tokens[:length], kv, self.session.book.steps)
-        matched = int(prefix.max()) if len(ids) else 0
-        tied = [ids[i] for i in range(len(ids)) if int(prefix[i]) == matched] if matched else []
-
-        def preference(r: int) -> tuple[bool, bool, int, int]:
-            done = committed.get(
-                r, len(self.session.tracked[r].request.prompt) + len(self.session.book.requests[r].tokens)
-            )
-            return r not in eligible, not self.continues_round(r, call, stream, past), abs(past - done), r
-
-        candidates = tuple(sorted(tied, key=preference))
-        return RowRead(row, length, past, tokens, obs.positions[row].tolist(), slots, stream, matched, candidates)
-
-    def row_fault(
-        self, call: CallRecord, read: RowRead, request: int | None, holder: int | None, eligible: set[int]
-    ) -> Violation | None:
-        """The first I2 breach of one row bound to `request` (None: no request's history), whose
-        first row is `holder`, or None; phrased as a decoder row's (`checks.i2.violation`)."""
-        fault = self.first_fault(call, read, request, holder, eligible)
-        return None if fault is None else violation(fault, self.session.pad_token_id)
-
-    def first_fault(
-        self, call: CallRecord, read: RowRead, request: int | None, holder: int | None, eligible: set[int]
-    ) -> Fault | None:
-        length, past, matched, row = read.length, read.past, read.matched, read.row
-
-        def fault_at(rule: str, index: int, want: int | None, position: int | None, **more: Any) -> Fault:
-            token, found_position = read.tokens[index], read.positions[index]
-            distance = None
-            if token == UNKNOWN:  # a real past slot: judged by its K/V
-                token = found_position = None
-                if request is not None:
-                    distance = self.kv_distance(call, row, read.slots[index], index, request)
-            return Fault(
-                rule,
-                call.index,
-                row,
-                request,
-                read.slots[index],
-                token,
-                found_position,
-                want,
-                position,
-                kv_difference=distance,
-                input=index - past if index >= past else None,
-                **more,
-            )
-
-        if request is None:
-            return fault_at("row-identity", 0, None, 0)
-        if request not in eligible:
+    def named(self, fault: Fault) -> Fault:
+        """A fault with the engine's request ids, and how a retired request left."""
+        request = None if fault.request is None else self.ids[fault.request]
+        other = None if fault.other is None else self.ids[fault.other]
+        left = None
+        if fault.rule == "retired-row" and request is not None:
             state = self.session.book.requests.get(request)
-            return fault_at(
-                "retired-row", 0, None, None, left="aborted" if state is not None and state.aborted else "finished"
-            )
-        if holder != row:
-            return fault_at("duplicate-row", 0, None, None, holder=holder)
-        sequence = self.session.tracked[request].sequence
-        chunk = self.continues_round(request, call, read.stream, past)
-        self.streams[request] = read.stream
-        for i in range(length):  # the past, then the request's next token, must be its history
-            if not chunk and matched <= i <= past:
-                want = sequence[i] if i < len(sequence) else None
-                return fault_at("input-token" if i == past else "attends-wrong-slot", i, want, i)
-            if i < past and self.kv is not None:
-                continue  # a real model's past positions are judged through its K/V (above)
-            if read.positions[i] != i:  # drafts may be anything, but at the next positions
-                return fault_at("position-ids", i, sequence[i] if i < matched else None, i)
-        return None
-
-    def kv_distance(self, call: CallRecord, row: int, slot: int, index: int, request: int) -> float:
-        """The largest |K/V difference| of `slot` of `row` from entry `index` of the request's
-        batch-size-1 history (inf: past its end)."""
-        kv = self.kv
-        assert kv is not None
-        want = kv.kept(self.session.tracked[request].sequence, index)  # [F]
-        if want is None:
-            return math.inf
-        return float((kv.flat(call)[row, slot] - want).abs().max())
-
-    def idle(self, call: CallRecord, read: RowRead) -> bool:
-        """An idle row, the empty slot of a fixed-size engine: it attends the pad token only (on a
-        real model: its inputs are the pad token and its past holds pads or no request's history).
-        An engine that used its output would emit a wrong token (equivalence) or starve a request
-        (liveness)."""
-        pad, stream, past = self.session.pad_token_id, read.stream.tokens, read.slots[: read.past]
-        if any(t != pad for t in stream[len(past) :]):
-            return False
-        if self.kv is None:
-            return all(t == pad for t in stream[: len(past)])
-        return not past or read.matched == 0 or self.kv.holds(call, read.row, past, (pad,) * len(past))
-
-    def continues_round(self, request: int, call: CallRecord, now: Stream, past: int) -> bool:
-        """A verification split over several forwards: the row's past is exactly what the request's
-        previous target call of this step attended (its tokens, or on a real model its K/V), with no
-        draft call since, so its unverified drafts belong to this round and are no fault; positions are
-        still judged. A call of a later step (a newcomer's prefill on top of the row) is judged afresh."""
-        earlier = self.streams.get(request)
-        if earlier is None or earlier.step != now.step or len(earlier.tokens) != past:
-            return False
-        if self.kv is None:
-            same = earlier.tokens == now.tokens[:past]
-        else:
-            same = (
-                earlier.kv is not None
-                and now.kv is not None
-                and bool(self.kv.same_slots(now.kv[None, :past], earlier.kv).all())
-            )
-        return same and not draft_between(self.draft_orders, earlier.order, call.order)
+            left = "aborted" if state is not None and state.aborted else "finished"
+        return replace(fault, request=request, other=other, left=left)
 
     def equivalence(self) -> list[Violation]:
         """Each request's tokens so far are a prefix of the oracle's output, compared as a

@@ -68,7 +68,7 @@ ENGINE_ROW_RULES = frozenset({"retired-row", "duplicate-row"})
 
 def engine_row(fault: Fault, pad: int) -> tuple[str, str]:
     """An engine's row that is no live request's own: a retired request's, a second row of one
-    request, or no request's history at all (bound by content, `checks.engine.bind_rows`); each
+    request, or no request's history at all (`checks.rows.RowFollower.unbound`); each
     judged at the row's first entry."""
     if fault.found_token is not None:
         note = " (the pad id)" if fault.found_token == pad else ""

@@ -172,6 +172,16 @@ def liveness_signature(first: Violation, run: Run | None) -> Signature:
 # The checks
 
 
+DECODER, ENGINE, BLACK_BOX, VLLM = "decoder", "engine", "black box", "vllm"
+SUBJECTS = {
+    DECODER: "a batch decoder's run, on the built-in or real models (`Run`)",
+    ENGINE: "a white-box engine session, after every step (`checks.engine.EngineJudge`)",
+    BLACK_BOX: "a black box's answers, output level only (`adapters.engine_blackbox`)",
+    VLLM: "an in-process vLLM's paged trace (`checks.paged`)",
+}
+"""Who a check can judge; every subject's evidence is a `running.record.Record` (vLLM's paged trace aside)."""
+
+
 @dataclass(frozen=True)
 class Check:
     """One check of the registry; its place in CHECKS is the order violations are reported in."""
@@ -183,7 +193,7 @@ class Check:
     signature: Callable[[Violation, Any], Signature]  # its first violation -> (signature, reason)
     needs: tuple[Requirement, ...] = ()
     per_call: bool = False  # judged on every target call (an invariant), not on the run's output
-    subject: str = "batch"  # what it judges: "batch" (a `Run`), "paged" (a vLLM `PagedTrace`)
+    subjects: tuple[str, ...] = (DECODER,)  # what it judges (see SUBJECTS)
 
     def unmet(self, run: Run) -> Requirement | None:
         """The first requirement `run` does not offer (None: the check applies)."""
@@ -222,6 +232,7 @@ CHECKS: tuple[Check, ...] = (
         "`max_new_tokens`, without raising and without hanging (the watchdog's idle limit)",
         check_contract,
         contract_signature,
+        subjects=(DECODER, ENGINE, BLACK_BOX),
     ),
     Check(
         "I1",
@@ -231,6 +242,7 @@ CHECKS: tuple[Check, ...] = (
         check_i1,
         i1_signature,
         per_call=True,
+        subjects=(DECODER, ENGINE),
     ),
     Check(
         "I2",
@@ -242,6 +254,7 @@ CHECKS: tuple[Check, ...] = (
         check_i2,
         i2_signature,
         per_call=True,
+        subjects=(DECODER, ENGINE),
     ),
     Check(
         "equivalence",
@@ -252,6 +265,7 @@ CHECKS: tuple[Check, ...] = (
         "built-in models: the oracle's top-1/top-2 margin against the dtype's rounding tolerance)",
         check_equivalence,
         equivalence_signature,
+        subjects=(DECODER, ENGINE, BLACK_BOX),
     ),
     Check(
         "token-preservation",
@@ -270,6 +284,7 @@ CHECKS: tuple[Check, ...] = (
         liveness,
         liveness_signature,
         needs=(DECLARED_BOUND, EVERY_CALL_SEEN),
+        subjects=(DECODER, ENGINE, BLACK_BOX),
     ),
     Check(
         "grouped-no-realignment",
@@ -297,7 +312,7 @@ CHECKS: tuple[Check, ...] = (
         check_paged,
         paged_signature,
         per_call=True,
-        subject="paged",
+        subjects=(VLLM,),
     ),
 )
 
@@ -376,9 +391,14 @@ class Evaluation:
         return next(o for o in self.outcomes if o.check == check_named(name).name)
 
 
-BATCH_CHECKS = tuple(check for check in CHECKS if check.subject == "batch")
+BATCH_CHECKS = tuple(check for check in CHECKS if DECODER in check.subjects)
 BATCH_ORDER = tuple(check.name for check in BATCH_CHECKS)
 """What a batch run (a decoder's, a real model's) is judged by: every check but the paged layout's."""
+
+
+def order_for(subject: str) -> tuple[str, ...]:
+    """The checks that judge `subject` (see SUBJECTS), in the registry's order."""
+    return tuple(check.name for check in CHECKS if subject in check.subjects)
 
 
 def evaluate(run: Run) -> Evaluation:
@@ -413,12 +433,12 @@ def combined(statuses: list[str]) -> str:
 def markdown_table() -> str:
     """README's table of checks (the section "## The checks"), rendered from the registry."""
     lines = [
-        "| check | property (`properties/`) | what it asserts | not applicable when |",
-        "|---|---|---|---|",
+        "| check | property (`properties/`) | what it asserts | judges | not applicable when |",
+        "|---|---|---|---|---|",
     ]
     for check in CHECKS:
         when = "; ".join(need.reason for need in check.needs) or "-"
-        if check.subject == "paged":
+        if VLLM in check.subjects:
             when = "any batch run: it judges an in-process vLLM trace (`specaudit observe-vllm`, `make test-vllm`)"
-        lines.append(f"| `{check.name}` | {check.title} | {check.statement} | {when} |")
+        lines.append(f"| `{check.name}` | {check.title} | {check.statement} | {', '.join(check.subjects)} | {when} |")
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Row identity: which request each row of each target call holds, followed by construction.
+"""Row identity: which request each row of each target call holds, followed by construction,
+for a decoder's rows and an engine's.
 
 The decoder receives the case's rows in order, so the first call that holds a request binds
 it (batch row b to request b at a full prefill; the next requests in case order for a pool
@@ -32,6 +33,12 @@ Content never re-picks a request on its own: requests whose histories coincide (
 that is a prefix of another's history, duplicate prompts) are told apart by progress and
 continuity. What a row attends against what its request needs is then judged from the
 facts gathered here (`Fault`, phrased by `specaudit.checks.i2`).
+
+An engine's calls are followed the same way (`specaudit.checks.engine`), with what its book
+says added per step (`Book`): which requests are live, and their committed lengths, which a
+decoder's calls only imply. A row may then bind only a live request whose history it holds by
+content; an engine's idle row (a fixed-size engine's empty slot: pad tokens only) is skipped,
+and a row the matching leaves over is a fault of its own (`RowFollower.unbound`).
 
 Reading is vectorized: per call one [B, W] stream of attended (token, position, slot), and
 one [B, R, W] comparison with every request's sequence; Python only walks the B matches.
@@ -94,6 +101,16 @@ class Fault:
     nearest_distance: float | None = None
     holder: int | None = None  # engines, duplicate-row: the row that holds the request already
     left: str | None = None  # engines, retired-row: how the request left ("aborted", "finished")
+
+
+@dataclass(frozen=True)
+class Book:
+    """What an engine's book says for one step: the requests live in it and their committed
+    lengths (prompt plus tokens emitted), by follower index. A decoder has none: its requests'
+    progress is inferred from the calls alone."""
+
+    live: frozenset[int]
+    committed: dict[int, int]
 
 
 @dataclass(frozen=True)
@@ -505,28 +522,52 @@ class KVReader:
 
 
 class RowFollower:
-    """Walks the target calls once, binding rows to requests and noting the first fault of each row."""
+    """Walks target calls once, binding rows to requests and noting the first fault of each row:
+    a decoder run's calls after the run (`of_run`, `follow`), an engine session's after every step
+    (`specaudit.checks.engine`), with the requests added so far (`add`) and the live set and
+    committed lengths the engine's book gives (`visit`). Requests are indices in order of `add`."""
 
-    def __init__(self, run: Run) -> None:
-        assert run.outputs is not None
-        self.run = run
-        self.exact = is_exact(run.case.model)
-        self.prompts = run.case.prompts
-        self.sequences = [p + tuple(o) for p, o in zip(self.prompts, run.outputs)]
-        self.kv = None if self.exact else KVReader.of_run(run, self.sequences)
-        self.lengths = torch.tensor([len(s) for s in self.sequences])  # [R]
-        width = int(self.lengths.max())
-        self.table = torch.tensor([list(s) + [NO_TOKEN] * (width - len(s)) for s in self.sequences])  # [R, Ls]
-        self.state = [Followed(len(p)) for p in self.prompts]
-        self.seen = [False] * len(self.prompts)
-        self.history: list[list[int]] = [[] for _ in self.prompts]  # per request, its views' indices
-        self.draft_orders = sorted(c.order for c in run.recording.draft_calls)
-        self.k = run.case.num_draft_tokens
+    def __init__(self, exact: bool, k: int, pad: int, calls: list[CallRecord]) -> None:
+        self.exact, self.k, self.pad = exact, k, pad
+        self.calls = calls  # every target call, by index (a prefill confirmed later re-reads its call)
+        self.kv: KVReader | None = None  # a real model's reader over `sequences`
+        self.prompts: list[tuple[int, ...]] = []
+        self.sequences: list[tuple[int, ...]] = []  # per request: the history its rows are read against
+        self.lengths = torch.zeros(0, dtype=torch.long)  # [R]
+        self.table = torch.zeros(0, 0, dtype=torch.long)  # [R, Ls]
+        self.state: list[Followed] = []
+        self.seen: list[bool] = []
+        self.history: list[list[int]] = []  # per request, its views' indices
+        self.draft_orders: Sequence[float] = []  # where no round can span (draft calls; an engine's steps)
         self.views: list[RowView] = []
         self.faults: list[Fault] = []
 
+    @classmethod
+    def of_run(cls, run: Run) -> RowFollower:
+        """A decoder run's follower: every request of the case, each read against its prompt and
+        the decoder's own output, known from the start."""
+        assert run.outputs is not None
+        exact = is_exact(run.case.model)
+        follower = cls(exact, run.case.num_draft_tokens, run.case.pad_token_id, run.recording.target_calls)
+        sequences = [p + tuple(o) for p, o in zip(run.case.prompts, run.outputs)]
+        follower.add(list(run.case.prompts), sequences)
+        follower.kv = None if exact else KVReader.of_run(run, sequences)
+        follower.draft_orders = sorted(c.order for c in run.recording.draft_calls)
+        return follower
+
+    def add(self, prompts: Sequence[tuple[int, ...]], sequences: Sequence[tuple[int, ...]]) -> None:
+        """Requests arriving (all of a decoder's at once, an engine's as they are added)."""
+        self.prompts += prompts
+        self.sequences += sequences
+        self.state += [Followed(len(p)) for p in prompts]
+        self.seen += [False] * len(prompts)
+        self.history += [[] for _ in prompts]
+        self.lengths = torch.tensor([len(s) for s in self.sequences])
+        width = int(self.lengths.max())
+        self.table = torch.tensor([list(s) + [NO_TOKEN] * (width - len(s)) for s in self.sequences])
+
     def follow(self) -> RowTrace:
-        for call in self.run.recording.target_calls:
+        for call in self.calls:
             if call.input_ids is None or call.input_ids.dim() != 2:
                 continue  # I1 reports a malformed call
             if call.sampled and call.past_length and not call.cache_after:
@@ -637,12 +678,25 @@ class RowFollower:
             return None
         return self.kv.past_prefixes(call, obs)
 
-    def visit(self, call: CallRecord) -> None:
+    def visit(self, call: CallRecord, book: Book | None = None) -> None:
+        """Bind the call's rows to requests and judge each. A decoder's rows may hold any request
+        (every row is one); an engine's (`book`: its live requests and committed lengths) bind only
+        to a live request whose history they hold, its idle rows not at all, and a row left over
+        is a fault of its own (`unbound`)."""
         obs = observe(call, self.exact)
         past_match = self.past_match(call, obs)
         cp = common_prefixes(obs, self.table, self.lengths, self.exact, past_match)  # [B, R]
         chunk = self.chunks(call, obs, past_match)
-        pairs = assign(self.scores(call, obs, cp, chunk))
+        held = idle = None
+        if book is not None:
+            self.catch_up(book)
+            held = self.held(obs, past_match)  # [B, R]
+            idle = self.idle_rows(call, obs, held)  # [B]
+        score = self.scores(call, obs, cp, chunk)  # [B, R]
+        if book is not None:
+            live = torch.tensor([r in book.live for r in range(len(self.state))], dtype=torch.bool)  # [R]
+            score = torch.where((held > 0) & live[None, :] & ~idle[:, None], score, -1.0)
+        pairs = assign(score)
         tokens, positions, slots = obs.tokens.tolist(), obs.positions.tolist(), obs.slots.tolist()
         own_past = cp >= torch.minimum(obs.past[:, None], self.lengths[None, :])
         self.confirm_prefills(pairs, obs.past.tolist(), tokens, own_past)
@@ -667,6 +721,94 @@ class RowFollower:
                 )
             )
             self.advance(r, call, b, stream)
+        if book is not None and held is not None and idle is not None:
+            self.unbound(call, obs, pairs, held, idle, score, book)
+
+    # -- an engine's rows (`visit` with a book) ------------------------------------------------
+
+    def catch_up(self, book: Book) -> None:
+        """The committed lengths the engine's book gives: what a decoder's calls only imply."""
+        for r, n in book.committed.items():
+            if n > self.state[r].known:
+                self.state[r] = replace(self.state[r], known=n)
+
+    def held(self, obs: Observation, past_match: torch.Tensor | None) -> torch.Tensor:
+        """[B, R] how many leading entries of row b hold request r's history by content, positions
+        judged apart (a wrong position is not a wrong request)."""
+        by_content = replace(obs, positions=torch.arange(obs.tokens.shape[1]).expand_as(obs.tokens))
+        return common_prefixes(by_content, self.table, self.lengths, self.exact, past_match)
+
+    def idle_rows(self, call: CallRecord, obs: Observation, held: torch.Tensor) -> torch.Tensor:
+        """[B] an engine's idle rows, the empty slots of a fixed-size engine: attending nothing, or
+        inputs of the pad token only over a past of pads (a real model's: no past, no request's
+        history, or the pad token's entries). Neither bound nor judged: an engine that used one's
+        output would emit a wrong token (equivalence) or starve a request (liveness)."""
+        out = []
+        for b in range(obs.past.shape[0]):
+            m, length = int(obs.past[b]), int(obs.length[b])
+            tokens = obs.tokens[b, :length].tolist()
+            if length == 0 or any(t != self.pad for t in tokens[m:]):
+                out.append(length == 0)
+            elif self.kv is None:
+                out.append(all(t == self.pad for t in tokens[:m]))
+            else:
+                slots = obs.slots[b, :m].tolist()
+                out.append(not m or most_held(held, b) == 0 or self.kv.holds(call, b, slots, (self.pad,) * m))
+        return torch.tensor(out, dtype=torch.bool)
+
+    def unbound(
+        self,
+        call: CallRecord,
+        obs: Observation,
+        pairs: list[tuple[int, int]],
+        held: torch.Tensor,
+        idle: torch.Tensor,
+        score: torch.Tensor,
+        book: Book,
+    ) -> None:
+        """An engine's rows the matching left over, each a fault at its first entry: the history of
+        a request retired before this step ('retired-row'), of a live request another row holds
+        ('duplicate-row'), or of no request at all ('row-identity')."""
+        owner = {r: b for b, r in pairs}
+        for b in range(obs.past.shape[0]):
+            if b in owner.values() or bool(idle[b]):
+                continue
+            most = most_held(held, b)
+            tied = [r for r in range(len(self.state)) if most and int(held[b, r]) == most]
+            tied.sort(key=lambda r: (r in book.live, float(score[b, r])), reverse=True)  # live, then best scored
+            retired = [r for r in tied if r not in book.live and r not in owner]
+            if retired or tied:
+                r = retired[0] if retired else tied[0]
+                holder = owner.setdefault(r, b)
+                rule = "duplicate-row" if r in book.live else "retired-row"
+                self.faults.append(self.entry_fault(rule, call, obs, b, r, holder if holder != b else None))
+            else:
+                self.faults.append(self.entry_fault("row-identity", call, obs, b, None))
+
+    def entry_fault(
+        self, rule: str, call: CallRecord, obs: Observation, b: int, r: int | None, holder: int | None = None
+    ) -> Fault:
+        """A fault at row b's first entry (a real model's past slot: its K/V against the request's first entry)."""
+        m = int(obs.past[b])
+        slot, token, position = int(obs.slots[b, 0]), int(obs.tokens[b, 0]), int(obs.positions[b, 0])
+        distance = None
+        if token == UNKNOWN and r is not None and self.kv is not None:
+            want = self.kv.kept(self.sequences[r], 0, compute=True)
+            distance = math.inf if want is None else float((self.kv.flat(call)[b, slot] - want).abs().max())
+        known = token != UNKNOWN
+        return Fault(
+            rule,
+            call.index,
+            b,
+            r,
+            slot,
+            token if known else None,
+            position if known else None,
+            expected_position=0 if rule == "row-identity" else None,
+            kv_difference=distance,
+            input=0 if m == 0 else None,
+            holder=holder,
+        )
 
     def confirm_prefills(
         self, pairs: list[tuple[int, int]], past: list[int], tokens: list[list[int]], own_past: torch.Tensor
@@ -701,7 +843,7 @@ class RowFollower:
             self.state[r] = Followed(len(self.prompts[r]))
             if mine:
                 view = self.views[mine[0]]
-                self.advance(r, self.run.recording.target_calls[view.call], view.row, view.stream)
+                self.advance(r, self.calls[view.call], view.row, view.stream)
 
     def advance(self, r: int, call: CallRecord, b: int, stream: tuple[int, ...]) -> None:
         """The request's committed length after this call: its verified prefix plus the bonus."""
@@ -788,6 +930,9 @@ class RowFollower:
         m, n = row.past, len(sequence)
         if m >= n:
             return None  # the request is complete: later entries cannot change its output
+        foreign = check_token and row.length > m and row.tokens[m] != sequence[m]
+        if foreign and row.call.past_length:  # not the request's round: where its inputs sit says no more
+            return self.token_fault(row, sequence)
         for j in range(m, row.length):
             if row.positions[j] != j:
                 return Fault(
@@ -805,9 +950,12 @@ class RowFollower:
         history = self.history_fault(row, sequence)
         if history is not None:
             return history
-        if check_token and row.length > m and row.tokens[m] != sequence[m]:
-            return self.slot_fault("input-token", row, m, sequence, self.pending_of(row.tokens[m], row.request), 0)
-        return None
+        return self.token_fault(row, sequence) if foreign else None
+
+    def token_fault(self, row: Row, sequence: tuple[int, ...]) -> Fault:
+        """'input-token': the round's first input is not the request's next token (whose it is, if anyone's)."""
+        m = row.past
+        return self.slot_fault("input-token", row, m, sequence, self.pending_of(row.tokens[m], row.request), 0)
 
     def history_fault(self, row: Row, sequence: tuple[int, ...]) -> Fault | None:
         """A call without a cache re-feeds the request's history as inputs: its first entries, up
@@ -848,10 +996,15 @@ class Row:
     slots: list[int]
 
 
+def most_held(held: torch.Tensor, b: int) -> int:
+    """The longest history row b holds of any request (`RowFollower.held`), 0 with none."""
+    return int(held[b].max()) if held.shape[1] else 0
+
+
 def follow_rows(run: Run) -> RowTrace:
     """Bind every row of every target call to its request (memoized per run)."""
     if run.derived.rows is None:
-        run.derived.rows = RowFollower(run).follow()
+        run.derived.rows = RowFollower.of_run(run).follow()
     return run.derived.rows
 
 

@@ -75,16 +75,6 @@ class Tracked:
     sequence: tuple[int, ...]  # prompt + EOS-blind oracle continuation (past max_new_tokens + K)
 
 
-@dataclass(frozen=True)
-class Stream:
-    """What a request's row attended in one target call: for the chunk rule."""
-
-    order: int  # the call's place among all calls
-    tokens: list[int]  # attended tokens, past then current (UNKNOWN for a real model's past)
-    kv: torch.Tensor | None  # [L, F] a real model's K/V of those entries
-    step: int = 0  # the engine step it ran in: a round never spans two steps
-
-
 @functools.lru_cache(maxsize=8)
 def session_models(model: str = "transparent") -> tuple[torch.nn.Module, ScriptedDraft]:
     """The session's target and a scripted draft, built once per process and model (building a

@@ -520,7 +520,8 @@ def test_i2_evidence_fields() -> None:
         "expected_position": 2,
     }
     (eq,) = check_equivalence(run)
-    assert set(eq.evidence) == {"index", "found_token", "expected_token", "partial", "ties"} and eq.evidence["index"] == 2
+    assert set(eq.evidence) == {"index", "found_token", "expected_token", "partial", "ties"}
+    assert eq.evidence["index"] == 2
 
 
 def test_i2_first_input_is_the_pending_token() -> None:

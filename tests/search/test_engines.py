@@ -15,14 +15,14 @@ import pytest
 import torch
 from hypothesis.stateful import run_state_machine_as_test
 
-from specaudit.checks.engine import EngineFailure, RowRead, bind_rows
+from specaudit.checks.engine import EngineFailure
 from specaudit.checks.registry import SIGNATURES
 from specaudit.checks.rows import observe
 from specaudit.contracts.engine import EngineLoadError, load_engine
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
 from specaudit.reference.engines import EqSpecEngine
-from specaudit.running.engine_session import EngineSession, Request, Stream
+from specaudit.running.engine_session import EngineSession, Request
 from specaudit.search.determinism import without_local_constants
 from specaudit.search.engine_machine import (
     DEFAULT_ENGINES,
@@ -195,21 +195,6 @@ def test_no_drawn_prompt_is_the_pad_token_alone() -> None:
     assert distinct_prompt((3, 5), [], pad=3) == (3, 5)
     assert distinct_prompt((2,), [(3, 1)], pad=3) == (2,)
     assert distinct_prompt((2,), [(2, 1)], pad=3) == (4,)  # past the collision, then past the pad
-
-
-def read(row: int, candidates: tuple[int, ...]) -> RowRead:
-    return RowRead(row, 3, 2, [5, 6, 7], [0, 1, 2], [0, 1, 2], Stream(0, [5, 6, 7], None), 3, candidates)
-
-
-def test_bind_rows_matches_rows_one_to_one() -> None:
-    """Rows that cannot be told apart take distinct live requests, rerouting an earlier row when a
-    later one has no other choice; a row left over takes a retired candidate, else a duplicate."""
-    bound = bind_rows([read(0, (1, 2)), read(1, (1,))], {1, 2})
-    assert [(r.row, request, holder) for r, request, holder in bound] == [(0, 2, 0), (1, 1, 1)], bound
-    bound = bind_rows([read(0, (1, 0)), read(1, (1, 0))], {1})
-    assert [(request, holder) for _, request, holder in bound] == [(1, 0), (0, 1)], bound
-    bound = bind_rows([read(0, (1,)), read(1, (1,))], {1})
-    assert [(request, holder) for _, request, holder in bound] == [(1, 0), (1, 0)], bound
 
 
 # ---------------------------------------------------------------------------------------
