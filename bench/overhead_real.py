@@ -33,7 +33,8 @@ import torch
 from specaudit.adapters.overhead import measure_overhead
 from specaudit.adapters.realmodel import RealRun, checks_target, oracle_for, real_case, run_real
 from specaudit.checks import check_i2
-from specaudit.checks.rows import KV_NOISE_MULTIPLE, KVReader, follow_rows
+from specaudit.checks.kv import KV_NOISE_MULTIPLE, KVReader
+from specaudit.checks.rows import follow_rows
 from specaudit.models.loading import load_pair, read_prompts, special_ids, tokenize
 from specaudit.models.pretrained import DEFAULT_PROMPTS
 from specaudit.numerics.calibration import calibrate

@@ -24,7 +24,7 @@ decoder's are), its idle rows (a fixed-size engine's empty slots) are skipped, a
 over is a fault of its own: a retired request's history (`retired-row`), a live request's held
 by another row (`duplicate-row`), no request's history (`row-identity`). On a tiny real model
 (float64) the past slots show K/V, read against each request's batch-size-1 entries within the
-dtype's tolerance (the decoder's `checks.rows.KVReader`, over the session's `KVReferences`:
+dtype's tolerance (the decoder's `checks.kv.KVReader`, over the session's `KVReferences`:
 `engine_reader`).
 
 A failure carries its diagnosis, a `checks.diagnosis.Finding` as a decoder run's diagnosis has:
@@ -48,9 +48,10 @@ from specaudit.checks.diagnosis import Finding
 from specaudit.checks.equivalence import compare_request, divergence, margin_witness
 from specaudit.checks.i1 import i1_call_violations
 from specaudit.checks.i2 import violation
+from specaudit.checks.kv import KVReader
 from specaudit.checks.liveness import Ledger, Tenure, overdue, settle, unfinished
 from specaudit.checks.registry import ENGINE, order_for
-from specaudit.checks.rows import Book, Fault, KVReader, RowFollower
+from specaudit.checks.rows import Book, Fault, RowFollower
 from specaudit.contracts.violation import Violation, render
 from specaudit.numerics.tolerance import DTYPES
 from specaudit.running.engine_session import DTYPE
@@ -64,14 +65,14 @@ ENGINE_ORDER = tuple(name for name in order_for(ENGINE) if name != "contract")
 
 IDLE_ROW_RULES = frozenset({"row-attends-nothing"})
 """I1 rules an engine may break on purpose: a fixed-size engine runs idle rows (empty slots,
-CUDA-graph batches) that attend nothing, or only the pad token (`EngineJudge.idle`). Such a
+CUDA-graph batches) that attend nothing, or only the pad token (`RowFollower.idle_rows`). Such a
 row is bound to no request; an engine that used its output would emit a wrong token
 (equivalence) or starve its request (liveness)."""
 
 
 def engine_reader(session: EngineSession) -> KVReader:
     """I2's reader for a tiny real target, whose past slots show K/V, not (token, position): the
-    decoder's (`checks.rows.KVReader`) over the session's `KVReferences`, made when each request
+    decoder's (`checks.kv.KVReader`) over the session's `KVReferences`, made when each request
     was added (its history's batch-size-1 entries, and pad tokens'), held to the dtype's fixed
     tolerance (float64 here, so a wrong token, position or request is off by orders of magnitude
     more)."""

@@ -7,7 +7,7 @@ at positions m, m + 1, ...; and a round's first input is the request's next toke
 pending token, or the prompt's last token kept pending by the prefill. Masked slots may hold
 anything.
 
-On a real model a past slot is judged by its K/V (see `specaudit.checks.rows`): against the
+On a real model a past slot is judged by its K/V (see `specaudit.checks.kv`): against the
 dtype's fixed tolerance, or, with a measured noise floor, by which entry it holds, with a
 margin against that noise. The violation then carries the margin: the distance to the
 expected entry, the bound, and the nearest alternative entry (which, and how far).

@@ -21,7 +21,8 @@ import torch
 
 from specaudit.checks.diagnosis import diagnose
 from specaudit.checks.i2 import row_views
-from specaudit.checks.rows import Observation, RowFollower, RowView
+from specaudit.checks.observe import Observation
+from specaudit.checks.rows import RowFollower, RowView
 from specaudit.contracts.case import Case
 from specaudit.running.runner import Run, run_case
 

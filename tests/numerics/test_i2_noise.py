@@ -16,7 +16,8 @@ import torch
 
 from specaudit.adapters.realmodel import run_real
 from specaudit.checks import check_i2
-from specaudit.checks.rows import KV_NOISE_MULTIPLE, flat_cache, follow_rows
+from specaudit.checks.kv import KV_NOISE_MULTIPLE, flat_cache
+from specaudit.checks.rows import follow_rows
 from specaudit.contracts.case import Case
 from specaudit.models.compat import cache_layers
 from specaudit.models.loading import load_pair, save_tiny_pair

@@ -16,8 +16,8 @@ import torch
 from hypothesis.stateful import run_state_machine_as_test
 
 from specaudit.checks.engine import EngineFailure
+from specaudit.checks.observe import observe
 from specaudit.checks.registry import SIGNATURES
-from specaudit.checks.rows import observe
 from specaudit.contracts.engine import EngineLoadError, load_engine
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.reference.engine_mutants import ENGINE_CATALOG

@@ -1,0 +1,281 @@
+"""A real model's attended past K/V against a batch-size-1 run: which request's entries a row's
+past holds (for the row binder) and the first slot that is not its request's entry (for I2),
+with the margin against the measured noise where there is one."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specaudit.checks.observe import Observation
+from specaudit.numerics.tolerance import DTYPES, KV_TOLERANCE
+from specaudit.running.instrument import CallRecord
+from specaudit.running.runner import Run
+
+# ---------------------------------------------------------------------------------------
+# Real models: attended K/V against a batch-size-1 run
+#
+# A real model's past slots cannot be read as (token, position); their K/V are compared with
+# the entries a batch-size-1 run computes for the row's tokens. The reference is the oracle's
+# own cache (`greedy_oracle(keep_kv=True)`), sliced, whenever the row's tokens are a prefix of
+# the oracle's prompt + output; only a row that diverged from the oracle costs one
+# batch-size-1 forward of its sequence (once per sequence).
+#
+# Without a measured noise floor (the built-in tiny models) a slot must equal its expected
+# entry within the dtype's fixed `KV_TOLERANCE`. With one (`run.noise`, real weights in real
+# dtypes), a slot is judged by which (token, position) it holds: its distance d_E (max |.| over
+# layers, heads and features, as the floor is measured) to the expected entry must be at most
+# the bound b = KV_NOISE_MULTIPLE x noise.kv_max, and smaller than its distance to every
+# alternative a bug would put there: the neighbouring positions' entries (off by one), the
+# entry of another request at the same index (rows mixed up), the row's own masked slots and
+# the pad token (pads attended). An alternative within b of the expected entry is the same
+# entry up to noise and does not compete. By the triangle inequality a slot with d_E <= b / 2
+# is then nearer to its expected entry than to any competing alternative, so alternatives are
+# computed only for slots in (b / 2, b] and for the violation's evidence.
+
+KV_NOISE_MULTIPLE = 3.0
+"""The I2 bound is this many times the measured worst-case K/V noise (`NoiseFloor.kv_max`).
+Calibration measures a batched decode against batch size 1 along the same tokens; a
+speculative decoder adds other shapes (verification chunks of K + 1, re-padded batches), so
+its K/V may stray a little past the calibrated maximum. On SmolLM2-135M (CPU, 8 prompts,
+bench/results/overhead.md) the correct decoders reach 1.08x kv_max in bfloat16 and 0.86x in
+float32, while the nearest wrong entry (a neighbouring position's, another request's) is 6.4x
+kv_max away in bfloat16 and 6.8e4x in float32: 3x leaves room on both sides."""
+
+
+@dataclass(frozen=True)
+class KVMiss:
+    """The first attended past slot whose K/V are not its expected entry's, with the margin."""
+
+    index: int  # stream index: the expected entry is the row's token at this position
+    distance: float  # d_E: max |found - expected| over layers, heads and features
+    bound: float | None  # the noise bound b (None: the dtype's fixed tolerance)
+    nearest: Alternative | None = None  # the nearest competing alternative (None: none available)
+    nearest_distance: float | None = None
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """An entry a bug would put in a slot instead of the expected one."""
+
+    label: str  # in words, for the report
+    token: int | None = None
+    position: int | None = None
+    request: int | None = None
+
+
+def flat_cache(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype) -> torch.Tensor:
+    """A call's cache snapshot as [B, S, F], one row per slot in `kv_rows` order (K0, V0, K1, ...)."""
+    width = min(int(k.shape[2]) for k, _ in layers)
+    flat = [x[:, :, :width].to(dtype).transpose(1, 2).flatten(2) for kv in layers for x in kv]  # [B, S, H * D]
+    return torch.cat(flat, dim=2)
+
+
+class KVReader:
+    """Compares a row's attended past K/V with the batch-size-1 entries of its tokens: a decoder
+    run's rows (`of_run`) and an engine's (`specaudit.checks.engine`) alike.
+
+    `sources` are K/V at hand, (tokens, [n, F] entries of them); `entries(tokens)` makes one
+    batch-size-1 run of tokens that no source covers (the run's or the session's to make)."""
+
+    def __init__(
+        self,
+        dtype: torch.dtype,
+        sequences: Sequence[tuple[int, ...]],
+        sources: Sequence[tuple[tuple[int, ...], torch.Tensor]],
+        entries: Callable[[tuple[int, ...]], torch.Tensor],
+        pad: int,
+        kv_noise: float | None = None,
+    ) -> None:
+        self.rtol, self.atol = KV_TOLERANCE[dtype]
+        self.work = torch.float64 if dtype == torch.float64 else torch.float32
+        finite = kv_noise is not None and math.isfinite(kv_noise)
+        # at least the dtype's atol: a floor measured as 0 (identical arithmetic) still leaves rounding room
+        self.bound = max(KV_NOISE_MULTIPLE * kv_noise, self.atol) if finite and kv_noise is not None else None
+        self.pad = pad
+        self.sequences = list(sequences)  # per request: its tokens (a decoder's prompt + output)
+        self.sources = [(tuple(tokens), kv.to(self.work)) for tokens, kv in sources]
+        self.compute = entries
+        self.forwards = 0  # batch-size-1 target forwards spent (the oracle's cache spares most)
+        self._call: tuple[int, torch.Tensor] | None = None  # the last call read, as [B, S, F]
+        self._pad: torch.Tensor | None = None
+
+    @classmethod
+    def of_run(cls, run: Run, sequences: Sequence[tuple[int, ...]]) -> KVReader:
+        """A decoder run's reader: the oracle's kept caches at hand, `run.entries` for the rest."""
+        kept = [
+            (tuple(prompt) + tuple(o.tokens), o.kv)
+            for prompt, o in zip(run.case.prompts, run.oracle)
+            if o.kv is not None
+        ]
+        noise = None if run.noise is None else run.noise.kv_max
+        return cls(DTYPES[run.case.dtype], sequences, kept, run.entries, run.case.pad_token_id, noise)
+
+    # references
+
+    def reference(self, tokens: tuple[int, ...], n: int) -> tuple[tuple[int, ...], torch.Tensor]:
+        """(source tokens, [>= n, F]) whose first n rows are the batch-size-1 K/V of tokens[:n]:
+        a slice of a kept cache when possible, else one batch-size-1 run of `tokens` (kept)."""
+        want = tokens[:n]
+        for seq, kv in self.sources:
+            if kv.shape[0] >= n and seq[:n] == want:
+                return seq, kv
+        kv = self.compute(tokens).to(self.work)
+        self.forwards += 1
+        self.sources.append((tokens, kv))
+        return tokens, kv
+
+    def kept(self, tokens: tuple[int, ...], index: int, compute: bool = False) -> torch.Tensor | None:
+        """The K/V of tokens[:index + 1] at `index` [F] if a source holds it; else, with `compute`,
+        from one batch-size-1 run of `tokens` (kept, so once per sequence), else None."""
+        want = tokens[: index + 1]
+        if len(want) <= index:
+            return None
+        for seq, kv in self.sources:
+            if kv.shape[0] > index and seq[: index + 1] == want:
+                return kv[index]
+        return self.reference(tokens, len(tokens))[1][index] if compute else None
+
+    def pad_entry(self) -> torch.Tensor:
+        """[F] the pad token alone at position 0 (one batch-size-1 forward of one token, once)."""
+        if self._pad is None:
+            self._pad = self.compute((self.pad,)).to(self.work)[0]
+            self.forwards += 1
+        return self._pad
+
+    def past_prefixes(self, call: CallRecord, obs: Observation) -> torch.Tensor:
+        """[B, R] how many leading attended past slots of row b hold request r's batch-size-1
+        entries: the past's evidence of which request a row holds (the row binder's, before I2
+        judges the bound row). Reads the oracle's kept caches; a diverged request costs one
+        batch-size-1 forward, once."""
+        batch, requests = obs.past.shape[0], len(self.sequences)
+        width = int(obs.past.max()) if batch else 0
+        out = torch.zeros(batch, requests, dtype=torch.long)
+        if width == 0:
+            return out
+        flat = self.flat(call)  # [B, S, F]
+        slots = obs.slots[:, :width].clamp(0, flat.shape[1] - 1)  # [B, M]
+        found = flat.gather(1, slots[..., None].expand(-1, -1, flat.shape[2]))  # [B, M, F]
+        index = torch.arange(width)
+        for r, sequence in enumerate(self.sequences):
+            n = min(width, len(sequence))
+            want = self.reference(sequence, n)[1][:n]  # [n, F]
+            same = self.same_slots(found[:, :n], want)  # [B, n]
+            bad = ~same & (index[None, :n] < obs.past[:, None])
+            first = torch.where(bad.any(1), bad.int().argmax(1), n)
+            out[:, r] = torch.minimum(first, obs.past)
+        return out
+
+    def at(self, call: CallRecord, row: int, slots: Sequence[int]) -> torch.Tensor | None:
+        """[L, F] the K/V the call left in `slots` of `row` (None: a cache-free call)."""
+        if not call.cache_after:
+            return None
+        return self.flat(call)[row, torch.tensor(list(slots), dtype=torch.long)]
+
+    def holds(self, call: CallRecord, row: int, slots: Sequence[int], tokens: tuple[int, ...]) -> bool:
+        """Whether `slots` of `row` hold the batch-size-1 entries of `tokens`, one per slot."""
+        found = self.at(call, row, slots)
+        if found is None or len(slots) != len(tokens):
+            return False
+        return bool(self.same_slots(found[None], self.reference(tokens, len(tokens))[1][: len(tokens)]).all())
+
+    def same_slots(self, found: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+        """[B, n] whether found [B, n, F] holds want [n, F] slot by slot, as `first_mismatch` judges."""
+        if self.bound is not None:
+            return (found - want).abs().amax(-1) <= self.bound
+        return ((found - want).abs() <= self.atol + self.rtol * want.abs()).all(-1)
+
+    def flat(self, call: CallRecord) -> torch.Tensor:
+        """[B, S, F] the call's snapshot (kept for the call's next row)."""
+        if self._call is None or self._call[0] != call.index:
+            self._call = (call.index, flat_cache(call.cache_after, self.work))
+        return self._call[1]
+
+    # judging
+
+    def same_entries(self, entries: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+        """[A] which of `entries` [A, F] no check can tell from `expected` [F]: within the noise
+        bound, or within the fixed tolerance."""
+        if self.bound is not None:
+            return (entries - expected).abs().amax(-1) <= self.bound
+        return torch.isclose(entries, expected.expand_as(entries), rtol=self.rtol, atol=self.atol).all(-1)
+
+    def first_mismatch(
+        self, call: CallRecord, row: int, slots: Sequence[int], tokens: tuple[int, ...]
+    ) -> KVMiss | None:
+        """The first attended past slot (of `slots`, in stream order) that does not hold the
+        batch-size-1 entry of `tokens` at its index; slots past the end of `tokens` are not judged."""
+        m = min(len(slots), len(tokens))
+        if m == 0:
+            return None
+        _, ref = self.reference(tokens, m)
+        want = ref[:m]  # [m, F]
+        found = self.flat(call)[row, torch.tensor(slots[:m], dtype=torch.long)]  # [m, F]
+        distance = (found - want).abs().amax(-1)  # [m]
+        bad = ~self.same_slots(found[None], want)[0]
+        suspects: list[int] = []
+        if self.bound is not None:
+            suspects = ((distance > self.bound / 2) & ~bad).nonzero()[:, 0].tolist()
+        first = int(bad.int().argmax()) if bool(bad.any()) else m
+        for i in suspects:  # within the bound but maybe nearer to an alternative
+            if i >= first:
+                break
+            nearest = self.nearest(call, row, slots, tokens, i, found[i], want[i])
+            if nearest is not None and nearest[1] <= float(distance[i]):
+                return KVMiss(i, float(distance[i]), self.bound, *nearest)
+        if first == m:
+            return None
+        nearest = self.nearest(call, row, slots, tokens, first, found[first], want[first])
+        return KVMiss(first, float(distance[first]), self.bound, *(nearest or (None, None)))
+
+    def nearest(
+        self,
+        call: CallRecord,
+        row: int,
+        slots: Sequence[int],
+        tokens: tuple[int, ...],
+        i: int,
+        found: torch.Tensor,
+        expected: torch.Tensor,
+    ) -> tuple[Alternative, float] | None:
+        """The competing alternative nearest to the entry found at index i, and its distance."""
+        labels, entries = self.alternatives(call, row, slots, tokens, i)
+        if not labels:
+            return None
+        competing = ~self.same_entries(entries, expected)  # the same entry up to noise is no competitor
+        if not bool(competing.any()):
+            return None
+        distance = torch.where(competing, (entries - found).abs().amax(-1), math.inf)  # [A]
+        k = int(distance.argmin())
+        return labels[k], float(distance[k])
+
+    def alternatives(
+        self, call: CallRecord, row: int, slots: Sequence[int], tokens: tuple[int, ...], i: int
+    ) -> tuple[list[Alternative], torch.Tensor]:
+        """What a bug would put at stream index i instead, among entries at hand: [A] and [A, F]."""
+        labels: list[Alternative] = []
+        entries: list[torch.Tensor] = []
+        for j in (i - 1, i + 1):  # off by one
+            entry = self.kept(tokens, j) if j >= 0 else None
+            if entry is not None:
+                labels.append(Alternative(f"the entry at position {j} (off by one)", tokens[j], j))
+                entries.append(entry[None])
+        for q, sequence in enumerate(self.sequences):  # another request's entry at the same index
+            if sequence[: i + 1] == tokens[: i + 1]:
+                continue  # the same prefix: the same entry
+            entry = self.kept(sequence, i, compute=True)  # a request that diverged from the oracle: once
+            if entry is not None:
+                labels.append(Alternative(f"request {q}'s entry at position {i}", sequence[i], i, q))
+                entries.append(entry[None])
+        flat = self.flat(call)
+        attended = set(slots)
+        masked = [s for s in range(min(call.past_length, flat.shape[1])) if s not in attended]
+        if masked:  # the row's masked slots: pads, stale entries
+            labels += [Alternative(f"masked slot {s} of this row (a pad or a stale entry)") for s in masked]
+            entries.append(flat[row, torch.tensor(masked, dtype=torch.long)])
+        labels.append(Alternative(f"the pad token {self.pad} alone at position 0", self.pad, 0))
+        entries.append(self.pad_entry()[None])
+        return labels, torch.cat(entries)
