@@ -33,8 +33,6 @@ def describe(fault: Fault, pad: int) -> tuple[str, str]:
         return "a target call whose output has no cache", "a cache"
     if fault.rule == "position-ids":
         entry = f"current input {fault.input} (slot {fault.slot}, token {fault.found_token})"
-        if fault.input is None:  # an engine's past slot at the wrong position
-            entry = f"slot {fault.slot} (token {fault.found_token})"
         found = f"{entry} at position {fault.found_position}"
         return found, f"position {fault.expected_position}"
     if fault.rule in ENGINE_ROW_RULES or (fault.rule == "row-identity" and fault.request is None):

@@ -173,13 +173,11 @@ def liveness_signature(first: Violation, run: Run | None) -> Signature:
 
 
 DECODER, ENGINE, BLACK_BOX, VLLM = "decoder", "engine", "black box", "vllm"
-SUBJECTS = {
-    DECODER: "a batch decoder's run, on the built-in or real models (`Run`)",
-    ENGINE: "a white-box engine session, after every step (`checks.engine.EngineJudge`)",
-    BLACK_BOX: "a black box's answers, output level only (`adapters.engine_blackbox`)",
-    VLLM: "an in-process vLLM's paged trace (`checks.paged`)",
-}
-"""Who a check can judge; every subject's evidence is a `running.record.Record` (vLLM's paged trace aside)."""
+SUBJECTS = (DECODER, ENGINE, BLACK_BOX, VLLM)
+"""Who a check can judge: a batch decoder's run on the built-in or real models (`Run`), a
+white-box engine session after every step (`checks.engine.EngineJudge`), a black box's answers
+at the output level (`adapters.engine_blackbox`), an in-process vLLM's paged trace
+(`checks.paged`). All but the last keep their evidence as a `running.record.Record`."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +192,10 @@ class Check:
     needs: tuple[Requirement, ...] = ()
     per_call: bool = False  # judged on every target call (an invariant), not on the run's output
     subjects: tuple[str, ...] = (DECODER,)  # what it judges (see SUBJECTS)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.subjects) - set(SUBJECTS)
+        assert self.subjects and not unknown, f"check {self.name}: subjects {sorted(unknown)} not in {SUBJECTS}"
 
     def unmet(self, run: Run) -> Requirement | None:
         """The first requirement `run` does not offer (None: the check applies)."""

@@ -46,6 +46,5 @@ class Record:
     calls: list[CallRecord] = field(default_factory=list)  # every observed target forward, in order
     entries: dict[int, Entry] = field(default_factory=dict)  # request id -> its entry, in arrival order
 
-    def admit(self, entry: Entry) -> Entry:
+    def admit(self, entry: Entry) -> None:
         self.entries[entry.request] = entry
-        return entry
