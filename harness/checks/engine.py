@@ -98,6 +98,7 @@ class EngineJudge:
             not self.real, session.num_draft_tokens, session.pad_token_id, session.recording.target_calls
         )  # a decoder's row binder and I2 judge, told the engine's live requests and committed lengths
         self.ids: list[int] = []  # the follower's request index -> the engine's request id
+        self.index: dict[int, int] = {}  # the engine's request id -> the follower's index
         self.step_starts: list[float] = []  # where each step began: no round spans two steps
         self.ledger = Ledger("steps", session.max_wait_steps, "max_wait_steps")  # served: steps it emitted in
 
@@ -143,16 +144,17 @@ class EngineJudge:
             self.step_starts.append(calls[0].order - 0.5)
         draft_orders = [c.order for c in self.session.recording.draft_calls]
         self.rows.draft_orders = sorted([*draft_orders, *self.step_starts])
-        index = {r: i for i, r in enumerate(self.ids)}
+        index = self.index
         book = Book(frozenset(index[r] for r in eligible), {index[r]: n for r, n in committed.items()})
         return [v for call in calls for v in self.call_faults(call, book)]
 
     def follow_requests(self) -> None:
         """The requests added since the last step join the follower, read against their histories."""
-        new = [r for r in self.session.tracked if r not in set(self.ids)]
+        new = [r for r in self.session.tracked if r not in self.index]
         if new:
             tracked = [self.session.tracked[r] for r in new]
             self.rows.add([t.request.prompt for t in tracked], [t.sequence for t in tracked])
+            self.index.update((r, len(self.ids) + i) for i, r in enumerate(new))
             self.ids += new
             if self.real:
                 self.rows.kv = engine_reader(self.session)

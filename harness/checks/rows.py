@@ -333,13 +333,12 @@ class RowFollower:
         past_match = self.past_match(call, obs)
         cp = common_prefixes(obs, self.table, self.lengths, self.exact, past_match)  # [B, R]
         chunk = self.chunks(call, obs, past_match)
-        held = idle = None
         if book is not None:
             self.catch_up(book)
-            held = self.held(obs, past_match)  # [B, R]
-            idle = self.idle_rows(call, obs, held)  # [B]
         score = self.scores(call, obs, cp, chunk)  # [B, R]
         if book is not None:
+            held = self.held(obs, past_match)  # [B, R]
+            idle = self.idle_rows(call, obs, held)  # [B]
             live = torch.tensor([r in book.live for r in range(len(self.state))], dtype=torch.bool)  # [R]
             score = torch.where((held > 0) & live[None, :] & ~idle[:, None], score, -1.0)
         pairs = assign(score)
@@ -367,7 +366,7 @@ class RowFollower:
                 )
             )
             self.advance(r, call, b, stream)
-        if book is not None and held is not None and idle is not None:
+        if book is not None:
             self.unbound(call, obs, pairs, held, idle, score, book)
 
     # -- an engine's rows (`visit` with a book) ------------------------------------------------

@@ -116,6 +116,12 @@ def declared(engine: Any, name: str) -> int | None:
     return int(value)
 
 
+def reached_end(tokens: list[int], max_new_tokens: int, eos: int | None) -> bool:
+    """A request's tokens end it: EOS last, or `max_new_tokens` of them (the engine book's and
+    every run record's test)."""
+    return len(tokens) >= max_new_tokens or bool(tokens and tokens[-1] == eos)
+
+
 @dataclass
 class RequestState:
     """What the harness knows about one request: what it asked for and what it got so far."""
@@ -126,7 +132,7 @@ class RequestState:
     aborted: bool = False
 
     def finished(self, eos: int | None) -> bool:
-        return len(self.tokens) >= self.max_new_tokens or bool(self.tokens and self.tokens[-1] == eos)
+        return reached_end(self.tokens, self.max_new_tokens, eos)
 
     def live(self, eos: int | None) -> bool:
         return not self.aborted and not self.finished(eos)
@@ -248,4 +254,5 @@ __all__ = [
     "declared",
     "engine_error",
     "load_engine",
+    "reached_end",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specaudit.contracts.engine import reached_end
 from specaudit.reference.oracle import OracleResult
 from specaudit.running.instrument import CallRecord
 
@@ -32,7 +33,7 @@ class Entry:
 
     def finished(self, eos: int | None) -> bool:
         """EOS or `max_new_tokens` reached (an aborted request is retired, not finished)."""
-        return len(self.tokens) >= self.max_new_tokens or bool(self.tokens and self.tokens[-1] == eos)
+        return reached_end(self.tokens, self.max_new_tokens, eos)
 
 
 @dataclass
