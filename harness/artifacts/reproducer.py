@@ -1,4 +1,4 @@
-"""Every failure leaves a reproducer on disk: the one writer, loader and replayer of reproducers.
+"""Every failure leaves a reproducer on disk: the one writer and loader of reproducers.
 
 A reproducer `DIR/<name>.json` is one envelope for every kind of failure:
 
@@ -11,10 +11,11 @@ A reproducer `DIR/<name>.json` is one envelope for every kind of failure:
 | real-model | decoder, target and draft directories, device, dtype | the case (model "external:...") |
 | engine-ops | engine, built-in model | K, EOS, pad and the rules ("ops") of the engine state machine |
 | blackbox | transport, server or engine, target, served model, dtype | seed, spread, batch cut, EOS, requests |
+| vllm-paged | vLLM model and speculative configuration | the in-process workload |
 
 `load_reproducer` reads the envelope and upgrades the four formats written before it (a
 versioned case file, an engine file with "ops", a `"kind": "specaudit-blackbox"` file, a case
-on `external:` models); `replay` runs any kind again (`specaudit replay FILE`). With a decoder
+on `external:` models); `specaudit.commands.replay.replay` runs any kind again (`specaudit replay FILE`). With a decoder
 case or an engine's rules, `DIR/test_regression_<name>.py` embeds the payload in a
 self-contained pytest file. The audit, the gate, `specaudit minimize`, real-model mode, the
 black box and the pytest plugin all write through here. A failing property notes its record on

@@ -119,15 +119,6 @@ class RealAuditSettings:
 
 
 @dataclass(frozen=True)
-class ReplaySettings:
-    """`specaudit replay FILE --decoder D`: one case file's diagnosis."""
-
-    case: Path
-    decoder: str
-    json: bool = False
-
-
-@dataclass(frozen=True)
 class MinimizeSettings:
     """`specaudit minimize FILE --decoder D`: delta-debug a failing case file."""
 
@@ -138,16 +129,6 @@ class MinimizeSettings:
 
     def __post_init__(self) -> None:
         at_least("--budget", self.budget, 1)
-
-
-@dataclass(frozen=True)
-class EngineReplaySettings:
-    """`specaudit replay FILE --engine E` on an engine reproducer (a file with "ops"); no
-    engine: the one the file names."""
-
-    case: Path
-    engine: str | None = None
-    json: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The decoder contract (DESIGN.md): loading `module:attr`, calling it, validating what it returns."""
+"""The decoder contract (docs/decoders.md): loading `module:attr`, calling it, validating what it returns."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def load_decoder(spec: str) -> Any:
         raise DecoderLoadError(f"{spec!r} is neither a class nor a zero-argument callable")
     probe = factory if isinstance(factory, type) else None
     if probe is not None and not callable(getattr(probe, "generate", None)):
-        raise DecoderLoadError(f"{spec!r} has no generate() method (see the decoder contract in DESIGN.md)")
+        raise DecoderLoadError(f"{spec!r} has no generate() method (see the decoder contract in docs/decoders.md)")
     return factory
 
 

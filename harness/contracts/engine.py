@@ -75,7 +75,7 @@ def load_engine(spec: str) -> Any:
     if isinstance(factory, type):
         missing = [m for m in ENGINE_METHODS if not callable(getattr(factory, m, None))]
         if missing:
-            raise EngineLoadError(f"{spec!r} lacks {', '.join(missing)} (see the engine contract in README)")
+            raise EngineLoadError(f"{spec!r} lacks {', '.join(missing)} (see the engine contract in docs/engines.md)")
     return factory
 
 

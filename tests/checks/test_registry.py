@@ -1,6 +1,6 @@
-"""The check registry: one list read by the properties, the audit, the diagnosis and README.
+"""The check registry: one list read by the properties, the audit, the diagnosis and docs/checks.md.
 
-Every check has exactly one property and one README row, fails on some planted or test
+Every check has exactly one property and one docs/checks.md row, fails on some planted or test
 decoder (its negative control), maps that failure to a known signature, and says 'not
 applicable' (never 'pass') where it cannot judge a run.
 """
@@ -64,7 +64,7 @@ def test_registry_is_ordered_and_named_once() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# One property per check, one README row per check
+# One property per check, one docs/checks.md row per check
 
 
 def conformance_properties() -> list[tuple[str, Any]]:
@@ -91,21 +91,21 @@ def test_every_check_has_exactly_one_property() -> None:
         assert test.__doc__ and statement[1:] in test.__doc__, f"{test.__name__} does not state its check"
 
 
-def readme_section(title: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def docs_section(title: str, page: str = "docs/checks.md") -> str:
+    text = (ROOT / page).read_text()
     match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
-    assert match, f"README.md has no section '## {title}'"
+    assert match, f"{page} has no section '## {title}'"
     return match.group(1)
 
 
-def test_readme_table_is_the_registry() -> None:
-    """README's '## The checks' holds markdown_table() verbatim: one row per registry check."""
-    section = readme_section("The checks")
-    assert markdown_table() in section, "README.md's table of checks is stale: paste registry.markdown_table()"
+def test_docs_table_is_the_registry() -> None:
+    """docs/checks.md's '## The checks' holds markdown_table() verbatim: one row per registry check."""
+    section = docs_section("The checks")
+    assert markdown_table() in section, "docs/checks.md's table of checks is stale: paste registry.markdown_table()"
     rows = [line for line in markdown_table().splitlines()[2:]]
     assert [re.match(r"\| `([^`]+)`", row).group(1) for row in rows] == list(CHECK_ORDER)  # type: ignore[union-attr]
     for signature in SIGNATURES:
-        assert f"`{signature}`" in section, f"README.md does not explain the signature {signature}"
+        assert f"`{signature}`" in section, f"docs/checks.md does not explain the signature {signature}"
 
 
 # ---------------------------------------------------------------------------------------

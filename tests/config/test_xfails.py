@@ -98,9 +98,9 @@ def test_every_built_in_model_and_wildcard_loads(tmp_path: Path) -> None:
 
 
 def test_documented_examples_load(tmp_path: Path) -> None:
-    """The known-failures examples in README.md and docs/gate.md are files a user may copy: they load."""
+    """The known-failures examples in docs/decoders.md and docs/gate.md are files a user may copy: they load."""
     root = Path(__file__).resolve().parents[2]
-    for doc in ("README.md", "docs/gate.md"):
+    for doc in ("docs/decoders.md", "docs/gate.md"):
         blocks = [b.split("```", 1)[0] for b in (root / doc).read_text(encoding="utf-8").split("```text\n")[1:]]
         examples = [b for b in blocks if b.lstrip().startswith("# decoder")]
         assert examples, f"{doc} shows no known-failures example"
