@@ -4,12 +4,15 @@ Adds the short `--decoder`/`--models` spellings of the plugin's `--specaudit-*` 
 `--engine` for continuous-batching engines (`properties/test_engines.py`),
 registers and loads specaudit's Hypothesis profiles (`specaudit-ci` when `CI` is set,
 `specaudit-dev` otherwise, unless `--hypothesis-profile` says), seeds each parametrization's
-properties alike (`pytest_runtest_call`), keeps them on one xdist worker (`loadgroup`) and each
-worker on one torch thread.
+properties alike and gives them the profile's `suite_examples()` (`pytest_runtest_call`), keeps
+them on one xdist worker (`loadgroup`) and each worker on one torch thread.
 
 Cases drawn once are judged by every check: each property of one decoder x model draws the same
-cases from the same seed, on the same worker, so `specaudit.running.runner.cached_run` runs each case
-once and the eight checks read that one run; the suite still reports each check by name.
+cases from the same seed, on the same worker, so each case is run once and each check judges it
+once (`judged` in test_conformance.py); the suite still reports each check by name. What the
+sharing saves goes to more distinct cases: under specaudit-ci 240 per decoder on the transparent
+model and 60 on each tiny real one, where each of the eight properties ran 30 of its own before
+(`specaudit.config.profiles.SUITE_EXAMPLES`, `REAL_MODEL_SHARE`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Generator, Hashable
 
 import pytest
 
-from specaudit.config.profiles import default_profile, register_profiles
+from specaudit.config.profiles import default_profile, register_profiles, suite_examples
 
 # At import: the suite's conftest loads before Hypothesis's plugin reads --hypothesis-profile.
 register_profiles()
@@ -121,18 +124,36 @@ def as_seed(text: str) -> Hashable:
         return text
 
 
+def suite_settings(item: pytest.Item) -> object | None:
+    """A conformance property's settings: the loaded profile's, with `suite_examples()` distinct
+    cases for its model (None for any other test, and for one whose own @settings say how many)."""
+    from hypothesis import settings
+
+    from specaudit.fixtures.pairs import is_exact
+
+    test = getattr(item, "obj", None)
+    if getattr(test, "specaudit_check", None) is None or hasattr(test, "_hypothesis_internal_settings_applied"):
+        return None
+    model = getattr(getattr(item, "callspec", None), "params", {}).get("specaudit_model", "transparent")
+    return settings(settings.default, max_examples=suite_examples(is_exact(model)))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    """Seed the item's test for this call only: every parametrization shares the function object."""
-    seed = item_seed(item)
-    if seed is None:
+    """Seed the item's test, and give a property its budget, for this call only: every
+    parametrization shares the function object."""
+    seed, budget = item_seed(item), suite_settings(item)
+    if seed is None and budget is None:
         yield
         return
     from hypothesis import seed as hypothesis_seed
 
     test = item.obj
     before = dict(vars(test))
-    hypothesis_seed(seed)(test)
+    if seed is not None:
+        hypothesis_seed(seed)(test)
+    if budget is not None:
+        budget(test)  # type: ignore[operator]
     changed = [k for k, v in vars(test).items() if k not in before or before[k] is not v]
     try:
         yield

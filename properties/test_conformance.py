@@ -2,19 +2,29 @@
 for every decoder under test (`--decoder module:attr`, default: the reference decoders) on
 every built-in model. Each property states its check's sentence and calls that check by name;
 the decoder contract is part of every property. A failing example is noted on the property's own
-pytest item (`request.node`), where the plugin finds the shrunk one to write and to xfail."""
+pytest item (`request.node`), where the plugin finds the shrunk one to write and to xfail.
+
+The eight properties of one decoder x model draw the same cases (`properties/conftest.py`), and
+each case is run once and judged once per check (`judged`): the first property to draw a case
+runs it (`cached_run`) and judges it by the checks of every property this session runs, the
+others read their check's outcome (a property that has failed judges its shrink candidates by its
+own check only). A property rejects a case it has already seen pass (a repeat drawn from other
+choices), so the profile's examples are distinct cases (`specaudit.config.profiles.suite_examples`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import event, given
+from hypothesis import event, given, reject
 from hypothesis import strategies as st
 
 from specaudit.artifacts.reproducer import remember_failure
-from specaudit.checks.registry import NOT_APPLICABLE, check_named, judge
+from specaudit.checks.registry import NOT_APPLICABLE, Outcome, check_named, judge
+from specaudit.contracts.case import Case
 from specaudit.contracts.violation import explain
 from specaudit.running.runner import Run, cached_run
 from specaudit.search.strategies import cases
@@ -34,27 +44,82 @@ def conformance(name: str) -> Callable[[Any], Any]:
     return mark
 
 
-def run_drawn(specaudit_decoder: str, specaudit_model: str, data: st.DataObject) -> Run:
-    return cached_run(specaudit_decoder, data.draw(cases(specaudit_model), label="case"))
+# ---------------------------------------------------------------------------------------
+# One run per case, one judgement per check: kept for the session, where runs are not (a
+# parametrization draws a few hundred cases; `cached_run` keeps the last 64 runs)
 
 
-def assert_check(name: str, run: Run, request: pytest.FixtureRequest) -> None:
-    """The contract, then check `name`: a violation fails (noted on the test's item for the
-    plugin); a check the decoder cannot be judged by skips the test, one this case does not
-    allow is noted as a Hypothesis event."""
+@dataclass(frozen=True)
+class Judgement:
+    """One check's outcome on one case; for a check that does not apply, whether the decoder is why."""
+
+    outcome: Outcome
+    of_decoder: bool = False
+
+
+_JUDGED: dict[tuple[str, Case], dict[str, Judgement]] = {}
+_PASSED: set[tuple[str, str, Case]] = set()  # (check, decoder, case) a property has seen not fail
+SHRINKING = pytest.StashKey[bool]()
+"""On a property's item once it has failed: the cases it draws next are the shrinker's candidates,
+judged by its own check only (the other properties draw them only if they fail alike)."""
+
+
+def judgement(name: str, run: Run) -> Judgement:
+    """Check `name` on `run` after the contract: a contract violation is every property's failure."""
     outcome = judge("contract", run)
     if not outcome.violations:
         outcome = judge(name, run)
+    unmet = check_named(name).unmet(run) if outcome.status == NOT_APPLICABLE else None
+    return Judgement(outcome, unmet is not None and unmet.of_decoder)
+
+
+def judged(decoder: str, case: Case, names: Iterable[str]) -> dict[str, Judgement]:
+    """The judgements of `names` on `case`, each made once per session from one run of it."""
+    known = _JUDGED.setdefault((decoder, case), {})
+    missing = [name for name in names if name not in known]
+    if missing:
+        run = cached_run(decoder, case)
+        known.update((name, judgement(name, run)) for name in missing)
+    return known
+
+
+def session_checks(request: pytest.FixtureRequest, name: str) -> tuple[str, ...]:
+    """`name`, then the checks of every property this session runs: what a case's first property
+    judges for all of them, so its run is not needed again after it leaves `cached_run`."""
+    session = request.session
+    selected = getattr(session, "_specaudit_checks", None)
+    if selected is None:
+        checks = (getattr(getattr(item, "obj", None), "specaudit_check", None) for item in session.items)
+        selected = tuple(dict.fromkeys(check for check in checks if check is not None))
+        session._specaudit_checks = selected  # type: ignore[attr-defined]
+    return (name, *(check for check in selected if check != name))
+
+
+def assert_check(name: str, decoder: str, case: Case, request: pytest.FixtureRequest) -> None:
+    """The contract, then check `name`: a violation fails (noted on the test's item for the
+    plugin); a check the decoder cannot be judged by skips the test, one this case does not
+    allow is noted as a Hypothesis event; a case this property has seen pass is a repeat, rejected."""
+    if (name, decoder, case) in _PASSED:
+        reject()
+    shrinking = request.node.stash.get(SHRINKING, False)
+    verdict = judged(decoder, case, (name,) if shrinking else session_checks(request, name))[name]
+    outcome = verdict.outcome
     if outcome.status == NOT_APPLICABLE:
-        unmet = check_named(name).unmet(run)
-        if unmet is not None and unmet.of_decoder:
-            pytest.skip(f"{name} not applicable to {run.decoder}: {outcome.why}")
+        if verdict.of_decoder:
+            pytest.skip(f"{name} not applicable to {decoder}: {outcome.why}")
         event(f"{name} not applicable: {outcome.why}")
-        return
     violations = list(outcome.violations)
-    if violations:
-        remember_failure(run, violations, request.node)
-    assert not violations, explain(run, violations)
+    if not violations:
+        _PASSED.add((name, decoder, case))
+        return
+    request.node.stash[SHRINKING] = True
+    run = cached_run(decoder, case)
+    remember_failure(run, violations, request.node)
+    raise AssertionError(explain(run, violations))
+
+
+def check_drawn(name: str, decoder: str, model: str, data: st.DataObject, request: pytest.FixtureRequest) -> None:
+    assert_check(name, decoder, data.draw(cases(model), label="case"), request)
 
 
 @conformance("contract")
@@ -62,7 +127,7 @@ def assert_check(name: str, run: Run, request: pytest.FixtureRequest) -> None:
 def test_decoder_contract(
     specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
 ) -> None:
-    assert_check("contract", run_drawn(specaudit_decoder, specaudit_model, data), request)
+    check_drawn("contract", specaudit_decoder, specaudit_model, data, request)
 
 
 @conformance("I1")
@@ -70,7 +135,7 @@ def test_decoder_contract(
 def test_i1_rectangular_alignment(
     specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
 ) -> None:
-    assert_check("I1", run_drawn(specaudit_decoder, specaudit_model, data), request)
+    check_drawn("I1", specaudit_decoder, specaudit_model, data, request)
 
 
 @conformance("I2")
@@ -78,7 +143,7 @@ def test_i1_rectangular_alignment(
 def test_i2_position_kv_correspondence(
     specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
 ) -> None:
-    assert_check("I2", run_drawn(specaudit_decoder, specaudit_model, data), request)
+    check_drawn("I2", specaudit_decoder, specaudit_model, data, request)
 
 
 @conformance("equivalence")
@@ -86,7 +151,7 @@ def test_i2_position_kv_correspondence(
 def test_output_equivalence(
     specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
 ) -> None:
-    assert_check("equivalence", run_drawn(specaudit_decoder, specaudit_model, data), request)
+    check_drawn("equivalence", specaudit_decoder, specaudit_model, data, request)
 
 
 @conformance("token-preservation")
@@ -94,7 +159,7 @@ def test_output_equivalence(
 def test_token_preservation(
     specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
 ) -> None:
-    assert_check("token-preservation", run_drawn(specaudit_decoder, specaudit_model, data), request)
+    check_drawn("token-preservation", specaudit_decoder, specaudit_model, data, request)
 
 
 @conformance("liveness")
@@ -102,7 +167,7 @@ def test_token_preservation(
 def test_liveness(
     specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
 ) -> None:
-    assert_check("liveness", run_drawn(specaudit_decoder, specaudit_model, data), request)
+    check_drawn("liveness", specaudit_decoder, specaudit_model, data, request)
 
 
 @conformance("grouped-no-realignment")
@@ -110,7 +175,7 @@ def test_liveness(
 def test_grouped_batches_need_no_realignment(
     specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
 ) -> None:
-    assert_check("grouped-no-realignment", run_drawn(specaudit_decoder, specaudit_model, data), request)
+    check_drawn("grouped-no-realignment", specaudit_decoder, specaudit_model, data, request)
 
 
 @conformance("order-independence")
@@ -118,4 +183,4 @@ def test_grouped_batches_need_no_realignment(
 def test_order_independence(
     specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
 ) -> None:
-    assert_check("order-independence", run_drawn(specaudit_decoder, specaudit_model, data), request)
+    check_drawn("order-independence", specaudit_decoder, specaudit_model, data, request)

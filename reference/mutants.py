@@ -22,10 +22,12 @@ token-preservation, liveness, grouped-no-realignment, order-independence; the la
 judges only an in-process vLLM's paged layout); `first_check` is the first of those that reports
 a violation on the shrunk failing case.
 
-Signatures:
-  position-id        wrong position ids, or slots written at wrong positions (I2 position rule)
-  kv-drift           a stale, pad, garbage or rejected entry attended
-  bonus              a wrong token choice, visible even at batch size 1
+Signatures (decided on the shrunk case, `specaudit.checks.registry.decided`):
+  position-id        wrong position ids, slots written at wrong positions (I2 position rule), or
+                     a row's logits read at a pad column (a misaligned batch)
+  kv-drift           a stale, pad, garbage or rejected entry attended, in a batch of >= 2 rows
+  bonus              wrong even at batch size 1: a wrong token choice, or (a shrunk case of one
+                     row) an entry attended wrongly with no batch to drift across
   output-equivalent  output unchanged; only token preservation or an invariant catches it
   bookkeeping        EOS, length or row-order errors in the output
 """

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import specaudit
+from specaudit._moved import MODULES
 
 ROOT = Path(specaudit.__file__).parent
 FOLDERS = {"": ROOT, **{name: ROOT.parent / name for name in ("reference", "fixtures", "properties")}}
@@ -21,7 +22,7 @@ FOLDERS = {"": ROOT, **{name: ROOT.parent / name for name in ("reference", "fixt
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
     (layer, frozenset(names.split()))
     for layer, names in (
-        ("foundation", "__init__ contracts"),
+        ("foundation", "contracts _moved"),
         ("settings", "config"),
         ("models", "models reference fixtures"),
         ("numerics", "numerics"),
@@ -30,9 +31,19 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
         ("search and minimization", "search"),
         ("subjects and artifacts", "artifacts adapters"),
         ("commands", "commands __main__ properties"),
+        ("public API", " ".join(["__init__", *(old.removeprefix("specaudit.") for old in MODULES)])),
     )
 )
-"""Lowest first. A name is a module or a whole subpackage; the longest matching name wins."""
+"""Lowest first. A name is a module or a whole subpackage; the longest matching name wins.
+
+The package root (`specaudit/__init__.py`) is the top layer, not the foundation. Every import of
+any module runs it first, so it imports nothing at import time; but its module `__getattr__`
+(PEP 562) imports each public name of `specaudit.__all__` from its home on first use, which
+reaches into every layer, commands included. Placing it at the top says so, and keeps the rule
+exact the other way: no module of the package may import from the root (`from specaudit import
+Case`), which would tie a lower layer to the whole public API and to import cycles through it.
+The old paths of moved modules (`specaudit.compat`, ..., `specaudit._moved.MODULES`) forward to
+any layer too and sit beside the root; `_moved` itself, the forwarding, is standard library only."""
 
 
 def modules() -> Iterator[tuple[str, Path]]:
@@ -56,15 +67,23 @@ def layer_of(module: str) -> int | None:
 
 
 def imported(path: Path) -> Iterator[tuple[str, int]]:
-    """(module under specaudit, line) for every specaudit import in a file, at any depth."""
+    """(module under specaudit, line) for every specaudit import in a file, at any depth;
+    `from specaudit import X` is X itself when X is a module, else a name of the root `__init__`."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specaudit."):
+        if isinstance(node, ast.ImportFrom) and node.module == "specaudit":
+            yield from ((root_name(alias.name), node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specaudit."):
             base = node.module.removeprefix("specaudit.")
             yield from ((f"{base}.{alias.name}", node.lineno) for alias in node.names)
         elif isinstance(node, ast.Import):
             yield from (
                 (a.name.removeprefix("specaudit."), node.lineno) for a in node.names if a.name.startswith("specaudit.")
             )
+
+
+def root_name(name: str) -> str:
+    """What `from specaudit import name` imports: a module of the package, or a name of its root."""
+    return name if layer_of(name) is not None else f"__init__.{name}"
 
 
 def target_layer(name: str) -> int | None:
@@ -93,7 +112,16 @@ def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
     path = tmp_path / "errors.py"
     path.write_text("def f():\n    from specaudit.commands.cli import main\n")
     found = [(name, target_layer(name)) for name, _ in imported(path)]
-    assert found == [("commands.cli.main", len(LAYERS) - 1)] and layer_of("contracts.errors") == 0, found
+    assert found == [("commands.cli.main", layer_index("commands"))] and layer_of("contracts.errors") == 0, found
+
+
+def test_the_layer_check_sees_an_import_from_the_package_root(tmp_path: Path) -> None:
+    """The negative control: a check importing a public name from `specaudit` reaches the top layer."""
+    path = tmp_path / "check.py"
+    path.write_text("from specaudit import Case, contracts\n")
+    found = [(name, target_layer(name)) for name, _ in imported(path)]
+    top, foundation = layer_index("public API"), layer_index("foundation")
+    assert found == [("__init__.Case", top), ("contracts", foundation)] and top == len(LAYERS) - 1, found
 
 
 MODEL_RUNNERS = frozenset(

@@ -34,8 +34,10 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from specaudit._moved import forward as _forward
 from specaudit.adapters.blackbox import dtype_name
 from specaudit.artifacts.report import entry
+from specaudit.checks.coverage import OUTPUTS, Coverage, coverage_of_answers
 from specaudit.checks.equivalence import RowEquivalence, compare_request, divergence, margin_witness
 from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.violation import Violation
@@ -183,6 +185,7 @@ class EngineAuditResult:
     seconds: float  # wall time of the engine run
     oracle_seconds: float
     evidence: str = EVIDENCE
+    coverage: Coverage = Coverage(level=OUTPUTS)  # arrivals, requests in flight, longest output, EOS stops
 
     @property
     def errors(self) -> list[int]:
@@ -259,13 +262,14 @@ class EngineAuditResult:
         notes = [f"  request {o.request.id}: {o.render().split(': ', 1)[1]}" for o in self.outcomes if o.error]
         if self.engine_error is not None:
             notes.insert(0, f"  engine: {self.engine_error.render()}")
-        return "\n".join([summary, *lines, *notes, f"level of evidence: {self.evidence}"])
+        coverage = f"coverage: {self.coverage.summary()}" + "".join(f" [{f}]" for f in self.coverage.flags)
+        return "\n".join([summary, *lines, *notes, coverage, f"level of evidence: {self.evidence}"])
 
     def report_entry(self, target: str, **figures: Any) -> dict[str, Any]:
         """Output level only: the first violation names a request and a token, no signature (no diagnosis)."""
         subject = {"engine": self.engine, "transport": self.transport, "target": target}
         first = self.violations[0] if self.violations else None
-        return entry("blackbox", subject, self.passed, first, None, {**figures, **self.to_json()})
+        return entry("blackbox", subject, self.passed, first, None, {**figures, **self.to_json()}, self.coverage)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -282,6 +286,7 @@ class EngineAuditResult:
             "engine_error": None if self.engine_error is None else asdict(self.engine_error),
             "seconds": self.seconds,
             "oracle_seconds": self.oracle_seconds,
+            "coverage": self.coverage.to_json(),
             "requests": [
                 {
                     "id": o.request.id,
@@ -428,7 +433,8 @@ def judge_answers(
         if a.error is None and a.tokens is not None:
             row, violation = compare(target, record.entries[r.id], eos_token_id, dtype)
         outcomes.append(RequestOutcome(r, a.tokens, a.error, row, violation, a.start, a.end, flags[r.id], a.note))
-    return EngineAuditResult(label, transport, tuple(outcomes), engine_error, seconds, oracle_seconds)
+    covered = coverage_of_answers(record)
+    return EngineAuditResult(label, transport, tuple(outcomes), engine_error, seconds, oracle_seconds, coverage=covered)
 
 
 def check_tokens(request: Request, tokens: list[int], eos_token_id: int | None) -> Violation | None:
@@ -459,3 +465,8 @@ __all__ = [
     "make_requests",
     "seeded_arrivals",
 ]
+
+
+# audit_server, audit_callable and CompletionsClient moved to specaudit.adapters.transports (ceb6d45);
+# their old path still resolves here, with a DeprecationWarning (specaudit._moved).
+__getattr__ = _forward(__name__)

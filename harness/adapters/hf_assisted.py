@@ -18,7 +18,7 @@ copy with K drafts, the "constant" schedule and no confidence threshold, and res
 so a shared draft model is left as it was found.
 
 Models: any HF causal LM pair sharing a vocabulary: the tiny Llama/Qwen3/GPT-2 fixtures, and
-the transparent target with the scripted draft (they implement `prepare_inputs_for_generation`),
+the transparent target with the scripted draft (Hugging Face `generate` drives them as it drives Llama),
 where token preservation applies too.
 
 Observed with transformers 5.24 (an HF behaviour the audit shows, not an adapter choice): after

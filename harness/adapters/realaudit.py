@@ -29,6 +29,7 @@ from specaudit.artifacts.audit import merge_statuses
 from specaudit.artifacts.report import entry, write_report
 from specaudit.artifacts.reproducer import write_failure, write_real_failure
 from specaudit.artifacts.transplant import transplant
+from specaudit.checks.coverage import coverage_of_run, merged
 from specaudit.checks.diagnosis import Diagnosis, diagnose
 from specaudit.config.settings import RealAuditSettings
 from specaudit.contracts.decoder import load_decoder
@@ -67,6 +68,7 @@ def batch_line(run: RealRun, diagnosis: Diagnosis) -> str:
         f"I2 on {run.sampled_calls}/{len(run.recording.target_calls)} target calls  "
         f"overhead: recording {_pct(run.record_overhead)}, checks {_pct(run.check_overhead)}"
     )
+    line += f"\n    coverage: {coverage_of_run(run).summary()}"
     ties = numerics_line(run)
     if ties:
         line += f"\n    within the measured noise: {ties}"
@@ -169,8 +171,10 @@ def write_reproducers(
 
 
 def batch_report(run: RealRun, diagnosis: Diagnosis, checks: dict[str, str], reproducers: list[str]) -> dict[str, Any]:
-    """One batch's report entry: the diagnosis, each check's status, throughput, sampling and overhead."""
+    """One batch's report entry: the diagnosis, each check's status, throughput, sampling, overhead
+    and what the batch exercised."""
     subject = {"decoder": run.decoder, "model": run.case.model, "draft": run.case.draft, "batch": run.batch}
+    coverage = coverage_of_run(run)
     return entry("real-model batch", subject, diagnosis.passed, diagnosis.first, diagnosis.signature, {
         "decoder": run.decoder,
         "batch": run.batch,
@@ -188,7 +192,7 @@ def batch_report(run: RealRun, diagnosis: Diagnosis, checks: dict[str, str], rep
         "record_overhead": _finite(run.record_overhead),
         "check_overhead": _finite(run.check_overhead),
         "reproducers": reproducers,
-    })  # fmt: skip
+    }, coverage)  # fmt: skip
 
 
 def overall(
@@ -215,6 +219,7 @@ def overall(
         f"{sum(len(r.recording.target_calls) for r in runs)} target calls); instrumentation overhead: "
         f"recording {_pct(_ratio(sum(r.seconds for r in runs), base) - 1)}, I1+I2 checks "
         f"{_pct(_ratio(sum(r.check_seconds for r in runs), base))} of un-instrumented decoder time"
+        f"\n  coverage: {merged([coverage_of_run(r) for r in runs]).summary()}"
     )
 
 

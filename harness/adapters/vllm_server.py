@@ -338,6 +338,7 @@ class Outcome:
     oracle_s: float = 0.0
     wall_s: float = 0.0
     error: str = ""
+    coverage: dict[str, Any] | None = None  # the black-box audit's (`checks.coverage`); None: it never ran
 
     @property
     def nothing_accepted(self) -> bool:
@@ -381,6 +382,7 @@ def from_report(report: dict[str, Any]) -> dict[str, Any]:
         "partial_match": float(report["partial_match"]),
         "engine_s": float(report["seconds"]),
         "oracle_s": float(report["oracle_seconds"]),
+        "coverage": report.get("coverage"),
     }
 
 

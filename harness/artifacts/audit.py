@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from specaudit.artifacts.report import entry, write_report
-from specaudit.artifacts.reproducer import EVIDENCE_LIMIT, write_engine_failure, write_failure
+from specaudit.artifacts.report import entry, first_fields, write_report
+from specaudit.artifacts.reproducer import EVIDENCE_LIMIT, identifier, write_engine_failure, write_failure
 from specaudit.checks import equivalence
+from specaudit.checks.coverage import Coverage, coverage_of_run
 from specaudit.checks.diagnosis import Diagnosis, Finding, diagnose
 from specaudit.checks.registry import FAIL, NOT_APPLICABLE, Evaluation, evaluate
 from specaudit.config.settings import AuditSettings
@@ -96,10 +97,13 @@ class Verdict:
     partial_sum: float = 0.0
     tokens_per_second: list[float] = field(default_factory=list)
     outside_share: list[float] = field(default_factory=list)
-    instrumentation_overhead: float | None = None
-    diagnosis: Diagnosis | None = None
+    instrumentation_overhead: float | None = None  # None: no run long enough to time (`long_enough`)
+    overhead_basis: dict[str, int] | None = None  # the run it was timed on: rows, target calls, generated tokens
+    diagnosis: Diagnosis | None = None  # the first failure's (the simplest found first)
+    failures: list[Diagnosis] = field(default_factory=list)  # every distinct failure, `diagnosis` first
     checks: dict[str, str] = field(default_factory=dict)  # check -> "pass" / "fail" / "xfail" / "n/a"
     known: set[tuple[str, str]] = field(default_factory=set)  # (check, rule) of known failures met
+    coverage: Coverage = field(default_factory=Coverage)  # what the runs exercised (`checks.coverage`)
 
     @property
     def passed(self) -> bool:
@@ -114,9 +118,11 @@ class Verdict:
         return self.exact_rows / self.rows if self.rows else None
 
     def record(self, run: Run, statuses: dict[str, str], known: list[Violation]) -> None:
-        """Fold one run in: its rows, its speed, its check statuses and the known failures it met."""
+        """Fold one run in: its rows, its speed, its check statuses, the known failures it met and
+        what it exercised."""
         self.examples += 1
         self.checks = merge_statuses([self.checks, statuses])
+        self.coverage = self.coverage.merge(coverage_of_run(run))
         self.known.update((v.check, v.rule) for v in known)
         if run.outputs is None:
             return
@@ -140,9 +146,12 @@ class Verdict:
             "tokens_per_second": median(self.tokens_per_second),
             "outside_models_share": median(self.outside_share),
             "instrumentation_overhead": self.instrumentation_overhead,
+            "instrumentation_overhead_basis": self.overhead_basis,
             "checks": dict(self.checks),
             "known_failures": [{"check": c, "rule": r} for c, r in sorted(self.known)],
             "diagnosis": self.diagnosis.to_json() if self.diagnosis else None,
+            "failures": [failure_json(d, failure_name(self, i)) for i, d in enumerate(self.failures)],
+            "coverage": self.coverage.to_json(),
         }
 
     @property
@@ -153,7 +162,7 @@ class Verdict:
     def report_entry(self) -> dict[str, Any]:
         f, subject = self.finding, {"decoder": self.decoder, "model": self.model}
         first, signature = (f.first, f.signature) if f else (None, None)
-        return entry("decoder", subject, self.passed, first, signature, self.to_json())
+        return entry("decoder", subject, self.passed, first, signature, self.to_json(), self.coverage)
 
 
 class Progress:
@@ -175,18 +184,51 @@ class Progress:
             outcome = "as expected" if verdict.as_expected else "UNEXPECTED"
             d = verdict.diagnosis
             status = "PASS" if d is None else f"FAIL ({d.signature})"
+            if len(verdict.failures) > 1:
+                signatures = ", ".join(str(f.signature) for f in verdict.failures)
+                status = f"FAIL ({len(verdict.failures)} distinct failures: {signatures})"
             line = f"[{self.done}/{self.total}] {verdict.decoder} on {verdict.model}: {status}, {outcome}"
             print(("\r" if self.tty else "") + f"{line:<100}", file=sys.stderr, flush=True)
 
 
+OVERHEAD_BASIS = {"target_calls": 3, "generated_tokens": 8}
+"""The least a run must do to be timed: a run that breaks the contract or ends after a round or
+two measures start-up and timer noise (-56%, 100%), not the instrumentation."""
+
+
+def overhead_basis(run: Run) -> dict[str, int] | None:
+    """What `run` did (rows, target calls, generated tokens) if it is long enough to time the
+    instrumentation on (`OVERHEAD_BASIS`), else None."""
+    basis = {
+        "rows": run.case.batch_size,
+        "target_calls": len(run.recording.target_calls),
+        "generated_tokens": run.generated_tokens,
+    }
+    enough = run.error is None and all(basis[k] >= least for k, least in OVERHEAD_BASIS.items())
+    return basis if enough else None
+
+
 def instrumentation_overhead(spec: str, case: Case, factory: Any, repeats: int = 2) -> float:
     """Hooked over plain decoder time on one case, minus 1: the best of `repeats` interleaved
-    pairs, timed warm (after the search's own run of the case), so one stall does not decide it."""
+    pairs, timed warm (after the search's own run of the case), so one stall does not decide it.
+    Never negative: a hooked run faster than the plain one is timer noise."""
     plain, hooked = [], []
     for _ in range(repeats):
         plain.append(run_case(spec, case, factory=factory, instrumented=False).seconds)
         hooked.append(run_case(spec, case, factory=factory).seconds)
-    return min(hooked) / max(min(plain), 1e-9) - 1.0
+    return max(0.0, min(hooked) / max(min(plain), 1e-9) - 1.0)
+
+
+def overhead_line(verdicts: list[Verdict]) -> str:
+    """The median overhead over the verdicts timed on a long enough run, or why there is none."""
+    timed = [v.instrumentation_overhead for v in verdicts if v.instrumentation_overhead is not None]
+    least = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in OVERHEAD_BASIS.items())
+    if not timed:
+        return f"instrumentation overhead: n/a (run too short: no run of at least {least} to time)"
+    return (
+        f"instrumentation overhead (hooked vs plain run of one case each): median {100 * median(timed):.0f}% "
+        f"over {len(timed)} of {len(verdicts)} verdicts (timed on runs of at least {least})"
+    )
 
 
 def audit_model(
@@ -201,9 +243,10 @@ def audit_model(
     shrink_budget: int = SHRINK_BUDGET,
     minimize_budget: int = MINIMIZE_BUDGET,
 ) -> Verdict:
-    """Every check on up to `examples` generated cases; the first failure that is not a known
-    one is shrunk (within the two budgets, see `specaudit.search.driver`) and diagnosed. The first
-    case also runs without hooks, to measure the instrumentation's cost."""
+    """Every check on up to `examples` generated cases; each distinct failure that is not a known
+    one (up to MAX_FAILURES; the first alone for a planted bug, which only has to be caught) is
+    shrunk (within the two budgets, see `specaudit.search.driver`) and diagnosed. The first case
+    long enough to time also runs without hooks, to measure the instrumentation's cost."""
     factory = load_decoder(spec)
     verdict = Verdict(spec, model, expect_failure)
     known = known or KnownFailures()
@@ -212,7 +255,9 @@ def audit_model(
         return known.matches(spec, model, v.check, v.rule)
 
     def on_run(run: Run) -> None:
-        if verdict.instrumentation_overhead is None:
+        basis = overhead_basis(run) if verdict.overhead_basis is None else None
+        if basis is not None:
+            verdict.overhead_basis = basis
             verdict.instrumentation_overhead = instrumentation_overhead(spec, run.case, factory)
         evaluation = evaluate(run)
         known_here = [v for v in evaluation.violations if is_known(v)]
@@ -230,11 +275,40 @@ def audit_model(
         minimize_budget=minimize_budget,
         on_run=on_run,
         counts=lambda v: not is_known(v),
+        max_failures=1 if expect_failure else MAX_FAILURES,
     )
-    if result.minimal is not None:
-        verdict.diagnosis = diagnose(run_case(spec, result.minimal, factory=factory))
+    verdict.failures = distinct([diagnose(run_case(spec, f.minimal, factory=factory)) for f in result.failures])
+    verdict.diagnosis = verdict.failures[0] if verdict.failures else None
     verdict.seconds = result.seconds
     return verdict
+
+
+MAX_FAILURES = 8
+"""Distinct failures one decoder x model search reports at most (`search`'s `max_failures`)."""
+
+
+def distinct(diagnoses: list[Diagnosis]) -> list[Diagnosis]:
+    """The failing diagnoses, one per (check, rule, signature), in the order found."""
+    seen: set[tuple[str | None, ...]] = set()
+    out = []
+    for d in diagnoses:
+        key = (d.first_check, d.first.rule if d.first else None, d.signature)
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def failure_name(v: Verdict, index: int) -> str:
+    """The reproducer's name of a verdict's `index`-th failure: the first keeps the plain name."""
+    return f"{v.decoder}-{v.model}" + (f"-failure{index + 1}" if index else "")
+
+
+def failure_json(d: Diagnosis, name: str) -> dict[str, Any]:
+    """One distinct failure in report.json: its first violation, signature and reproducer file
+    (under DIR/repro), then its whole diagnosis."""
+    file = f"{identifier(name)}.json"
+    return {"first": first_fields(d.first), "signature": d.signature, "reproducer": file, "diagnosis": d.to_json()}
 
 
 def planted_bugs() -> list[tuple[str, tuple[str, ...]]]:
@@ -259,16 +333,32 @@ def audit_plan(settings: AuditSettings) -> list[tuple[str, bool, str]]:
     return plan
 
 
+def verdict_word(passed: bool, coverage: Coverage) -> str:
+    """PASS, FAIL, or a pass that exercised little, with why: "PASS (no ragged round)"."""
+    if not passed:
+        return "FAIL"
+    return f"PASS ({coverage.flags[0]})" if coverage.flags else "PASS"
+
+
+COVERAGE_LEGEND = (
+    "coverage = rounds (target calls after the prefill) in which rows accepted different numbers of drafts / "
+    "all rounds, largest batch B, draft lengths K, highest position id, rows finished early, prompts holding "
+    "the pad id, EOS stops (specaudit.checks.coverage)"
+)
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
 def format_table(verdicts: list[Verdict]) -> str:
-    """The forensic table (the paper's Table 2, with a diagnosis in every row), then each
-    check's status per decoder x model."""
+    """The forensic table (the paper's Table 2, with a diagnosis in every row, and what each
+    verdict exercised), then each check's status per decoder x model."""
+    words = {id(v): verdict_word(v.passed, v.coverage) for v in verdicts}
+    w = max([9, *map(len, words.values())])
     header = (
         f"{'decoder':<44} {'model':<11} {'cases':>5} {'exact':>6} {'partial':>7} {'tok/s':>7} {'align%':>6}  "
-        f"{'verdict':<9} {'first check':<18} {'signature':<17} expected"
+        f"{'verdict':<{w}} {'first check':<18} {'signature':<17} {'expected':<8}  coverage"
     )
     lines = [header, "-" * len(header)]
     for v in verdicts:
@@ -277,15 +367,13 @@ def format_table(verdicts: list[Verdict]) -> str:
             f"{v.decoder:<44} {v.model:<11} {v.examples:>5} {_fmt(j['exact_match'], '.2f'):>6} "
             f"{_fmt(j['partial_match'], '.2f'):>7} {_fmt(j['tokens_per_second'], '.0f'):>7} "
             f"{_fmt(None if j['outside_models_share'] is None else 100 * j['outside_models_share'], '.0f'):>6}  "
-            f"{'PASS' if j['passed'] else 'FAIL':<9} {(j['first'] or {}).get('check') or '':<18} "
-            f"{j['signature'] or '':<17} {'yes' if v.as_expected else 'NO'}"
+            f"{words[id(v)]:<{w}} {(j['first'] or {}).get('check') or '':<18} "
+            f"{j['signature'] or '':<17} {'yes' if v.as_expected else 'NO':<8}  {v.coverage.summary()}"
         )
-    overheads = [v.instrumentation_overhead for v in verdicts if v.instrumentation_overhead is not None]
-    if overheads:
-        lines.append(
-            f"instrumentation overhead (hooked vs plain run of one case each): median {100 * median(overheads):.0f}%"
-        )
+        lines += [more_failure_line(v, i, w) for i in range(1, len(v.failures))]
+    lines.append(overhead_line(verdicts))
     lines.append("align% = share of decoder time outside model forwards (realignment, acceptance, bookkeeping)")
+    lines.append(COVERAGE_LEGEND)
     lines += ["", *check_table(verdicts)]
     for v in verdicts:
         if v.known:
@@ -293,9 +381,22 @@ def format_table(verdicts: list[Verdict]) -> str:
                 f"{v.decoder} on {v.model}: known failures met: " + ", ".join(f"{c} {r}" for c, r in sorted(v.known))
             )
         if v.diagnosis is not None and not v.expect_failure:
-            lines += ["", f"{v.decoder} on {v.model}: minimal failing case"]
-            lines += ["  " + line for line in v.diagnosis.render().splitlines()[1:]]
+            for i, d in enumerate(v.failures or [v.diagnosis]):
+                of = f" (failure {i + 1} of {len(v.failures)})" if len(v.failures) > 1 else ""
+                lines += ["", f"{v.decoder} on {v.model}: minimal failing case{of}"]
+                lines += ["  " + line for line in d.render().splitlines()[1:]]
     return "\n".join(lines)
+
+
+def more_failure_line(v: Verdict, index: int, width: int) -> str:
+    """A row under a verdict's for its `index`-th distinct failure: its first check, rule and signature."""
+    d = v.failures[index]
+    label = f"  + failure {index + 1} of {len(v.failures)}"
+    rule = f" ({d.first.rule})" if d.first is not None else ""
+    return (
+        f"{label:<44} {v.model:<11} {'':>5} {'':>6} {'':>7} {'':>7} {'':>6}  {'FAIL':<{width}} "
+        + (f"{(d.first_check or '') + rule:<18} {d.signature or '':<17}").rstrip()
+    )
 
 
 def check_table(verdicts: list[Verdict]) -> list[str]:
@@ -314,13 +415,13 @@ def check_table(verdicts: list[Verdict]) -> list[str]:
 
 
 def write_outputs(directory: Path, verdicts: list[Verdict], engines: list[EngineVerdict]) -> None:
-    """DIR/report.json (decoders, then engines) and, per failure, its reproducer and regression
-    test under DIR/repro."""
+    """DIR/report.json (decoders, then engines) and, per distinct failure, its reproducer and
+    regression test under DIR/repro (`failure_name`)."""
     write_report(directory, "audit", [v.report_entry() for v in [*verdicts, *engines]])
     write_engine_outputs(directory / "repro", engines, "shrunk by specaudit audit")
     for v in verdicts:
-        if v.diagnosis is not None:
-            write_failure(directory / "repro", f"{v.decoder}-{v.model}", v.diagnosis, "shrunk by specaudit audit")
+        for i, d in enumerate(v.failures or ([v.diagnosis] if v.diagnosis is not None else [])):
+            write_failure(directory / "repro", failure_name(v, i), d, "shrunk by specaudit audit")
 
 
 # ---------------------------------------------------------------------------------------
@@ -394,6 +495,7 @@ class EngineVerdict:
             "violations": [asdict(v) for v in self.violations[:EVIDENCE_LIMIT]],
             "known_failures": [{"check": c, "rule": r} for c, r in self.known],
             "reproducer": self.reproducer,
+            "coverage": self.run.coverage.to_json(),
         }
 
     @property
@@ -403,7 +505,7 @@ class EngineVerdict:
     def report_entry(self) -> dict[str, Any]:
         f, subject = self.finding, {"engine": self.engine, "model": self.model}
         first, signature = (f.first, f.signature) if f else (None, None)
-        return entry("engine", subject, self.passed, first, signature, self.to_json())
+        return entry("engine", subject, self.passed, first, signature, self.to_json(), self.run.coverage)
 
 
 def audit_engine(
@@ -452,15 +554,19 @@ def mark_known(v: EngineVerdict, known: KnownFailures) -> None:
         v.known = tuple(sorted({(x.check, x.rule) for x in v.violations}))
 
 
-def engine_line(v: EngineVerdict, width: int) -> str:
+def engine_word(v: EngineVerdict) -> str:
+    return "XFAIL" if v.known else verdict_word(v.passed, v.run.coverage)
+
+
+def engine_line(v: EngineVerdict, width: int, verdict_width: int = 7) -> str:
     j = v.report_entry()
     first = j["first"] or {}
     ragged = v.run.events.get("admission into a batch with ragged acceptance")
-    verdict = "XFAIL" if v.known else "PASS" if j["passed"] else "FAIL"
     return (
         f"{v.engine:<{width}} {v.model:<11} {v.run.runs:>5} {v.run.seconds:>6.1f} {_fmt(ragged, '.2f'):>6}  "
-        f"{verdict:<7} {first.get('check') or '':<12} {first.get('rule') or '':<18} {j['signature'] or '':<17} "
-        f"{_fmt(j['minimized_rules'], 'd'):>5}  {'yes' if v.as_expected else 'NO'}"
+        f"{engine_word(v):<{verdict_width}} {first.get('check') or '':<12} {first.get('rule') or '':<18} "
+        f"{j['signature'] or '':<17} {_fmt(j['minimized_rules'], 'd'):>5}  {'yes' if v.as_expected else 'NO':<8}  "
+        f"{v.run.coverage.summary()}"
     )
 
 
@@ -468,15 +574,17 @@ def format_engine_table(verdicts: list[EngineVerdict]) -> str:
     """Engines: runs, time, share of runs with an admission into a ragged batch, the verdict,
     the first broken check, rule and signature, and the length of the minimized rule sequence."""
     width = max([28, *(len(v.engine) for v in verdicts)])
+    w = max([7, *(len(engine_word(v)) for v in verdicts)])
     header = (
         f"{'engine (state machine)':<{width}} {'model':<11} {'runs':>5} {'sec':>6} {'ragged':>6}  "
-        f"{'verdict':<7} {'first check':<12} {'rule':<18} {'signature':<17} {'rules':>5}  expected"
+        f"{'verdict':<{w}} {'first check':<12} {'rule':<18} {'signature':<17} {'rules':>5}  {'expected':<8}  coverage"
     )
-    lines = [header, "-" * len(header), *(engine_line(v, width) for v in verdicts)]
+    lines = [header, "-" * len(header), *(engine_line(v, width, w) for v in verdicts)]
     lines.append(
         "ragged = share of runs with an admission into a batch with ragged acceptance; "
         "rules = length of the minimized failing rule sequence"
     )
+    lines.append(COVERAGE_LEGEND + "; arrivals while others ran, aborts, duplicate prompts, rows reused")
     for v in verdicts:
         if v.known:
             lines.append(f"{v.engine} on {v.model}: known failures met: " + ", ".join(f"{c} {r}" for c, r in v.known))

@@ -2,7 +2,8 @@
 
 For every decoder x model it runs exactly what `specaudit audit` runs (`specaudit.artifacts.audit.audit_model`:
 Hypothesis-generated cases, every check, the failing case shrunk and diagnosed), records one
-JUnit testcase with every check's status, and applies the thresholds:
+JUnit testcase with every check's status and what its cases exercised (`coverage.*` properties,
+`specaudit.checks.coverage`), and applies the thresholds:
 
   checks          every decoder must pass every check on every model: a violation fails its
                   testcase. Divergences at numerical ties (float32/bfloat16 runs, see
@@ -22,6 +23,9 @@ JUnit testcase with every check's status, and applies the thresholds:
 
 Each failing testcase leaves its shrunk case in --out as `<decoder>_<model>.json` (a
 reproducer) and `test_regression_<decoder>_<model>.py` (see `specaudit.artifacts.reproducer`).
+A decoder whose search found several distinct failures (`specaudit.artifacts.audit.MAX_FAILURES`)
+gets one more failing testcase per failure after the first (`name="MODEL failure N"`), each with
+its own reproducer (`..._failureN`).
 
 Engines (`--engine MODULE:ATTR`, repeatable; alone it gates the engines only) run through the
 engine state machine (`specaudit.search.engine_machine`) with up to --examples runs on each of
@@ -55,11 +59,13 @@ from specaudit.artifacts.audit import (
     Item,
     Verdict,
     engine_file_name,
+    failure_name,
     format_engine_table,
     format_table,
     run_items,
 )
-from specaudit.artifacts.reproducer import write_engine_failure, write_failure
+from specaudit.artifacts.reproducer import identifier, write_engine_failure, write_failure
+from specaudit.checks.diagnosis import Diagnosis
 from specaudit.config.settings import GateSettings
 from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.engine import load_engine
@@ -89,6 +95,7 @@ class Judged:
     entry: dict[str, Any]
     failure: Failure | None
     known: list[tuple[str, str]]
+    more: tuple[Failure, ...] = ()  # a decoder's distinct failures after the first, in the order found
 
     @property
     def skipped(self) -> bool:
@@ -108,8 +115,8 @@ def judge(v: Subject, settings: GateSettings) -> Judged:
     e, known = v.report_entry(), known_failures(v, settings)
     if isinstance(v, Verdict):
         failure = below_threshold(v, settings) if e["passed"] else decoder_failure(v, settings)
-    else:
-        failure = None if e["passed"] or known else engine_failure(v)
+        return Judged(v, e, failure, known, tuple(diagnosis_failure(d) for d in v.failures[1:]))
+    failure = None if e["passed"] or known else engine_failure(v)
     return Judged(v, e, failure, known)
 
 
@@ -132,6 +139,13 @@ def decoder_failure(verdict: Verdict, settings: GateSettings) -> Failure:
     check = first.check if first else d.first_check
     message = f"{check} violated ({d.signature}): {first.render() if first else d.reason}"
     return Failure(check or "failure", message, d.render())
+
+
+def diagnosis_failure(d: Diagnosis) -> Failure:
+    """A further distinct failure of a decoder (one its search found with the first set aside)."""
+    first = d.first
+    message = f"{d.first_check} violated ({d.signature}): {first.render() if first else d.reason}"
+    return Failure(d.first_check or "failure", message, d.render())
 
 
 def below_threshold(verdict: Verdict, settings: GateSettings) -> Failure | None:
@@ -159,9 +173,9 @@ def engine_failure(v: EngineVerdict) -> Failure:
 
 def junit_xml(judged: list[Judged], settings: GateSettings, reproducers: list[list[Path]]) -> ET.ElementTree:
     """One <testsuite name="specaudit-gate"> with one <testcase> per verdict (decoders x models, then engines)."""
-    failed = sum(j.failure is not None for j in judged)
+    failed = sum(j.failure is not None for j in judged) + sum(len(j.more) for j in judged)
     total = f"{sum(j.entry['seconds'] for j in judged):.3f}"
-    counts = {"tests": str(len(judged)), "failures": str(failed), "errors": "0"}
+    counts = {"tests": str(len(judged) + sum(len(j.more) for j in judged)), "failures": str(failed), "errors": "0"}
     counts["skipped"] = str(sum(j.skipped for j in judged))
     suites = ET.Element("testsuites", name="specaudit gate", **counts, time=total)
     suite = ET.SubElement(
@@ -184,6 +198,8 @@ def junit_xml(judged: list[Judged], settings: GateSettings, reproducers: list[li
         ET.SubElement(props, "property", name=name, value=value)
     for j, paths in zip(judged, reproducers):
         testcase(suite, j, paths)
+        for index, failure in enumerate(j.more, start=2):
+            further_testcase(suite, j, index, failure, paths)
     ET.indent(suites)
     return ET.ElementTree(suites)
 
@@ -209,9 +225,32 @@ def testcase(suite: ET.Element, j: Judged, reproducers: list[Path]) -> None:
         out.text = "\n".join(f"reproducer written to {path}" for path in reproducers)
 
 
+def further_testcase(suite: ET.Element, j: Judged, index: int, failure: Failure, reproducers: list[Path]) -> None:
+    """A decoder's `index`-th distinct failure as a testcase of its own (`MODEL failure N`): its
+    first check, rule and signature as properties, its failure, and its reproducer."""
+    e = j.entry
+    spec, model = e["subject"]["decoder"], e["subject"]["model"]
+    d = j.verdict.failures[index - 1]  # type: ignore[union-attr]
+    name = f"{model} failure {index}"
+    case = ET.SubElement(suite, "testcase", classname=f"specaudit.{spec}", name=name, time="0.000")
+    props = ET.SubElement(case, "properties")
+    fields = {"kind": "decoder", "decoder": spec, "model": model, "failure": str(index),
+              "first_check": d.first_check or "", "rule": d.first.rule if d.first else "",
+              "signature": d.signature or "", "verdict": d.verdict}  # fmt: skip
+    for key, value in fields.items():
+        ET.SubElement(props, "property", name=key, value=value)
+    element = ET.SubElement(case, "failure", message=failure.message, type=failure.kind)
+    element.text = failure.details
+    stem = identifier(failure_name(j.verdict, index - 1))  # type: ignore[arg-type]
+    mine = [p for p in reproducers if p.stem in (stem, f"test_regression_{stem}")]
+    if mine:
+        out = ET.SubElement(case, "system-out")
+        out.text = "\n".join(f"reproducer written to {path}" for path in mine)
+
+
 def properties(v: Subject, e: dict[str, Any]) -> dict[str, str]:
-    """The kind and subject, the kind's figures, the shared verdict fields, then the kind's statuses
-    (a decoder's checks, an engine's admission events)."""
+    """The kind and subject, the kind's figures, the shared verdict fields, the kind's statuses
+    (a decoder's checks, an engine's admission events), then its coverage."""
     if isinstance(v, Verdict):  # a failing decoder's verdict tells how its output went wrong ("diverged", ...)
         figures, failed = decoder_figures(v, e), (e["diagnosis"] or {}).get("verdict", "fail")
         statuses = {f"check:{check}": status for check, status in e["checks"].items()}
@@ -225,7 +264,20 @@ def properties(v: Subject, e: dict[str, Any]) -> dict[str, str]:
         "signature": e["signature"] or "",
         "verdict": "pass" if e["passed"] else failed,
     }
-    return {"kind": e["kind"], **e["subject"], **figures, **shared, **statuses}
+    return {"kind": e["kind"], **e["subject"], **figures, **shared, **statuses, **coverage_properties(e)}
+
+
+def coverage_properties(e: dict[str, Any]) -> dict[str, str]:
+    """What the verdict exercised (`coverage.ragged_rounds`, ...; `coverage.flags`: what a pass did
+    not exercise, "; "-separated), whether it passed or failed."""
+    out = {}
+    for key, value in (e.get("coverage") or {}).items():
+        if isinstance(value, list):
+            text = ("; " if key == "flags" else ",").join(map(str, value))
+        else:
+            text = "" if value is None else str(value)
+        out[f"coverage.{key}"] = text
+    return out
 
 
 def decoder_figures(v: Verdict, e: dict[str, Any]) -> dict[str, str]:
@@ -254,9 +306,9 @@ def check_outputs(settings: GateSettings) -> None:
 def write_reproducer(v: Subject, out: Path) -> list[Path]:
     """A failing verdict's shrunk case and regression test in `out` ([] when there is none)."""
     if isinstance(v, Verdict):
-        if v.diagnosis is None:
-            return []
-        return write_failure(out, f"{v.decoder}-{v.model}", v.diagnosis, "shrunk by Hypothesis in specaudit gate")
+        diagnoses = v.failures or ([v.diagnosis] if v.diagnosis is not None else [])
+        summary = "shrunk by Hypothesis in specaudit gate"
+        return [path for i, d in enumerate(diagnoses) for path in write_failure(out, failure_name(v, i), d, summary)]
     if v.reproducer is None:
         return []
     return write_engine_failure(out, engine_file_name(v), v.reproducer, v.violations, "shrunk in specaudit gate")

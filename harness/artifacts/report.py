@@ -3,12 +3,14 @@
     {"format": "specaudit-report", "version": 1, "command": "audit", "passed": false,
      "entries": [{"kind": "decoder", "subject": {"decoder": ..., "model": ...}, "passed": false,
                   "first": {"check": "I2", "rule": ..., "call": 3, "row": 1, "slot": 7, "request": 1},
-                  "signature": "kv-drift", ...the kind's own figures}, ...]}
+                  "signature": "kv-drift", "coverage": {"rounds": 40, "ragged_rounds": 12, ..., "flags": []},
+                  ...the kind's own figures}, ...]}
 
 Every entry opens with the same verdict fields, whatever its subject (a decoder on a built-in
 model, an engine through the state machine, a real-model batch, a black box, a vLLM server
-configuration), so a reader of any command's report finds what passed and where it first went
-wrong in one place; the figures after them are the kind's own. `load_report` reads the files
+configuration), so a reader of any command's report finds what passed, where it first went
+wrong and what it exercised (`coverage`, `specaudit.checks.coverage`) in one place; the figures
+after them are the kind's own. `load_report` reads the files
 written before the envelope too (a bare list from `audit`, an object with a `plan` from
 `blackbox`).
 """
@@ -19,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specaudit.checks.coverage import UNMEASURED, Coverage
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import Violation
 
@@ -42,11 +45,21 @@ def entry(
     first: Violation | None,
     signature: str | None,
     figures: dict[str, Any],
+    coverage: Coverage | dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One subject's verdict: the shared fields, then the kind's own figures."""
+    """One subject's verdict: the shared fields, then the kind's own figures. Every entry has a
+    `coverage` object (`checks.coverage.Coverage.to_json`: what the verdict exercised, and its
+    flags): the one given, else the figures', else one flagged as not measured."""
     assert kind in KINDS, kind
     shared = {"kind": kind, "subject": subject, "passed": passed, "first": first_fields(first), "signature": signature}
+    shared["coverage"] = coverage_json(coverage if coverage is not None else figures.get("coverage"))
     return {**shared, **{k: v for k, v in figures.items() if k not in shared}}
+
+
+def coverage_json(coverage: Coverage | dict[str, Any] | None) -> dict[str, Any]:
+    if isinstance(coverage, Coverage):
+        return coverage.to_json()
+    return dict(coverage) if coverage is not None else UNMEASURED.to_json()
 
 
 def report_document(command: str, entries: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

@@ -1,188 +1,50 @@
 """Equivalence with the batch-size-1 oracle: identical tokens, length and stop reason.
 
-Tie-aware: a divergence is a numerical tie when the two tokens are within the noise batched
-arithmetic can cause, and the comparison then re-syncs onto the decoder's token. On real
-models the noise is measured (`Run.noise`, a `specaudit.numerics.calibration.NoiseFloor`) and the
-two tokens' logits are compared in a higher-precision teacher-forced score of the shared
-prefix (`judge_divergence`); on the built-in models, whose measured noise is nil, the
-oracle's top-1/top-2 margin is held to the dtype's rounding tolerance.
+The comparison itself (tie-aware, re-synced at numerical ties) lives in
+`specaudit.checks.agreement`, which the row follower reads too; this module places each
+divergence at the target call that decided it and the slot the cache holds it in, reading that
+slot's token from the row views I2 judges (one set of facts per slot).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from specaudit.checks.agreement import (
+    Equivalence,
+    Judge,
+    RowEquivalence,
+    compare_request,
+    compare_row,
+    equivalence,
+    judge,
+    margin_witness,
+    stop_reason,
+    tie_aware,
+)
 from specaudit.checks.contract import check_contract
 from specaudit.checks.i2 import row_views
 from specaudit.checks.rows import RowView, common_prefix
 from specaudit.contracts.violation import Violation
-from specaudit.numerics.calibration import Witness
-from specaudit.numerics.tolerance import DTYPES, TIE_TOLERANCE
-from specaudit.reference.oracle import OracleResult
-from specaudit.running.record import Entry
+from specaudit.fixtures.transparent import fit_mask
 from specaudit.running.runner import Run
 
-
-@dataclass(frozen=True)
-class RowEquivalence:
-    row: int
-    expected: tuple[int, ...]  # the batch-size-1 oracle
-    found: tuple[int, ...]
-    expected_stop: str
-    found_stop: str
-    first_divergence: int | None  # first divergence that is not a numerical tie; None if equivalent
-    ties: tuple[int, ...] = ()  # indices where the decoder took the other side of a tie
-    resynced: tuple[int, ...] | None = None  # the oracle re-synced across those ties (None: no ties)
-    judged: tuple[Witness, ...] = ()  # every divergence judged, ties and the one that is not
-
-    @property
-    def reference(self) -> tuple[int, ...]:
-        """What the decoder is held to: the oracle, re-synced at each tie."""
-        return self.expected if self.resynced is None else self.resynced
-
-    @property
-    def exact(self) -> bool:
-        return self.found == self.expected
-
-    @property
-    def equivalent(self) -> bool:
-        return self.first_divergence is None
-
-    @property
-    def verdict(self) -> str:
-        if self.exact:
-            return "exact"
-        return f"equivalent modulo {len(self.ties)} tie(s)" if self.equivalent else "diverged"
-
-    def numerics(self) -> str:
-        """The ties in words: at which steps, by what margin against which bound, judged by whom."""
-        return ", ".join(
-            f"step {w.index} (gap {w.margin:.3g} <= {w.bound:.3g}, {w.witness_dtype})"
-            for w in self.judged
-            if w.numerical
-        )
-
-    @property
-    def partial(self) -> float:
-        """Common prefix over oracle length (the paper's partial match)."""
-        return common_prefix(self.found, self.expected) / max(len(self.expected), 1)
-
-
-@dataclass(frozen=True)
-class Equivalence:
-    rows: tuple[RowEquivalence, ...]
-
-    @property
-    def exact_match(self) -> float:
-        return sum(r.exact for r in self.rows) / max(len(self.rows), 1)
-
-    @property
-    def partial_match(self) -> float:
-        return sum(r.partial for r in self.rows) / max(len(self.rows), 1)
-
-    @property
-    def ties(self) -> int:
-        return sum(len(r.ties) for r in self.rows)
-
-    @property
-    def verdict(self) -> str:
-        if all(r.exact for r in self.rows):
-            return "exact"
-        if all(r.equivalent for r in self.rows):
-            rows = sum(not r.exact for r in self.rows)
-            return f"equivalent modulo numerics ({self.ties} tie(s) in {rows} row(s))"
-        return "diverged"
-
-
-def stop_reason(tokens: list[int] | tuple[int, ...], max_new_tokens: int, eos: int | None) -> str:
-    if tokens and eos is not None and tokens[-1] == eos:
-        return "eos"
-    return "length" if len(tokens) >= max_new_tokens else "short"
-
-
-def judge(run: Run, prefix: tuple[int, ...], index: int, found: int, expected: int, margin: float) -> Witness:
-    """Is the decoder's `found` instead of the oracle's `expected` at `index` a numerical tie?
-
-    With a measured noise floor: gap = logit(expected) - logit(found) in the witness's higher
-    precision, scored on the shared prefix; a tie when gap <= the floor's logit bound.
-    Without one: the oracle's own top-1/top-2 margin against the dtype's rounding tolerance.
-    """
-    if run.noise is None:
-        return margin_witness(index, margin, run.case.dtype)
-    return run.score_divergence(prefix, index, found, expected)
-
-
-def margin_witness(index: int, margin: float, dtype: str) -> Witness:
-    """A tie by the oracle's own top-1/top-2 margin against the dtype's rounding tolerance."""
-    return Witness(index, margin, TIE_TOLERANCE[DTYPES[dtype]], f"{dtype} oracle margin")
-
-
-Judge = Callable[[tuple[int, ...], int, int, int, float], Witness]  # (prefix, index, found, expected, margin)
-
-
-def tie_aware(
-    found: tuple[int, ...],
-    oracle: OracleResult,
-    prompt: tuple[int, ...],
-    max_new_tokens: int,
-    eos: int | None,
-    judge_tie: Judge,
-    oracle_from: Callable[[tuple[int, ...], int], OracleResult],
-) -> tuple[tuple[int, ...], tuple[Witness, ...], int]:
-    """(the reference `found` is held to, every divergence judged, the first index where they
-    part). A decoder's row and an engine's request are compared by this one loop.
-
-    At a divergence `judge_tie` finds within the noise the subject merely took the other side of
-    a numerical tie: the reference re-syncs onto its token (the oracle continues from its prefix)
-    and the comparison goes on. Any other divergence is a bug.
-    """
-    reference, margins, judged = oracle.tokens, oracle.margins, []
-    i = common_prefix(found, reference)
-    while i < min(len(found), len(reference)) and found[i] != eos:
-        judged.append(judge_tie(prompt + found[:i], i, found[i], reference[i], margins[i]))
-        if not judged[-1].numerical:
-            break
-        rest = max(max_new_tokens - i - 1, 0)
-        resync = oracle_from(prompt + found[: i + 1], rest) if rest else None
-        reference = found[: i + 1] + (resync.tokens if resync else ())
-        margins = margins[: i + 1] + (resync.margins if resync else ())
-        i = common_prefix(found, reference)
-    return reference, tuple(judged), i
-
-
-def compare_request(
-    entry: Entry,
-    eos: int | None,
-    judge_tie: Judge,
-    oracle_from: Callable[[tuple[int, ...], int], OracleResult],
-) -> RowEquivalence:
-    """Tie-aware comparison of one request of a record (`running.record`: a decoder's row, an
-    engine's request, a black box's answer) with its oracle (`tie_aware`)."""
-    found, oracle = tuple(entry.tokens), entry.oracle
-    reference, judged, i = tie_aware(found, oracle, entry.prompt, entry.max_new_tokens, eos, judge_tie, oracle_from)
-    ties = tuple(w.index for w in judged if w.numerical)
-    stop = stop_reason(found, entry.max_new_tokens, eos)
-    diverged = None if found == reference else i
-    resynced = reference if ties else None
-    return RowEquivalence(entry.request, oracle.tokens, found, oracle.stop, stop, diverged, ties, resynced, judged)
-
-
-def compare_row(run: Run, r: int) -> RowEquivalence:
-    """One row of a decoder run, its ties judged by `judge` (the run's noise floor or the oracle margin)."""
-    return compare_request(
-        run.record.entries[r],
-        run.case.eos_token_id,
-        lambda prefix, index, got, want, margin: judge(run, prefix, index, got, want, margin),
-        run.oracle_from,
-    )
-
-
-def equivalence(run: Run) -> Equivalence:
-    assert run.outputs is not None
-    if run.derived.equivalence is None:
-        run.derived.equivalence = Equivalence(tuple(compare_row(run, r) for r in range(len(run.outputs))))
-    return run.derived.equivalence
+__all__ = [
+    "Equivalence",
+    "Judge",
+    "RowEquivalence",
+    "check_equivalence",
+    "compare_request",
+    "compare_row",
+    "divergence",
+    "equivalence",
+    "judge",
+    "locate",
+    "margin_witness",
+    "pad_columns_read",
+    "stop_reason",
+    "tie_aware",
+]
 
 
 def locate(run: Run, request: int, index: int) -> tuple[int | None, RowView | None]:
@@ -196,6 +58,9 @@ def locate(run: Run, request: int, index: int) -> tuple[int | None, RowView | No
     if not all(v.consistent for v in views):
         return None, None  # a corrupted cache (see I2) makes the origin ambiguous
     at = len(run.case.prompts[request]) + index
+    if views and not any(v.cached for v in views):  # cache-free: the first call reaching index at - 1 decides it
+        decider = next((v.call for v in views if len(v.stream) >= at), None)
+        return decider, next((v for v in reversed(views) if len(v.stream) > at), None)
     cached = next((v for v in views if v.past > at), None)
     before = [v for v in views if cached is None or v.call < cached.call]
     deciders = [v.call for v in before if v.past != at]
@@ -205,7 +70,8 @@ def locate(run: Run, request: int, index: int) -> tuple[int | None, RowView | No
 
 def check_equivalence(run: Run) -> list[Violation]:
     """One violation per diverging row, placed at the target call that decided the first wrong
-    token and the slot where that token then enters the cache."""
+    token and the slot where the row's cache then holds that index; what the slot holds is read
+    from the same row view I2 judges, never assumed to be the output's token."""
     if run.outputs is None:
         return check_contract(run)
     out = []
@@ -218,22 +84,33 @@ def check_equivalence(run: Run) -> list[Violation]:
         if holder is None:
             out.append(replace(divergence(r), call=decided))
             continue
+        at = len(run.case.prompts[r.row]) + i
         cached_from = holder.call if holder.call != decided else None
-        slot = holder.slots[len(run.case.prompts[r.row]) + i]
-        out.append(replace(divergence(r, cached_from), call=decided, row=holder.row, slot=slot))
+        held = holder.stream[at] if cached_from is not None else None
+        violation = divergence(r, cached_from, held, holder.cached)
+        row = next((v.row for v in row_views(run)[0] if v.call == decided and v.request == r.row), holder.row)
+        out.append(replace(violation, call=decided, row=row, slot=holder.slots[at]))
     return out
 
 
-def divergence(r: RowEquivalence, cached_from: int | None = None) -> Violation:
+def divergence(
+    r: RowEquivalence, cached_from: int | None = None, held: int | None = None, cached: bool = True
+) -> Violation:
     """The first divergence of one request (`r.row` is its id), phrased alike for every subject
-    (`cached_from`: the target call from which a decoder's cache holds the wrong token)."""
+    (`cached_from`: the target call from which a decoder's cache holds that index, `held`: the
+    token it holds there, as the row view read it; `cached`: False for a cache-free decoder,
+    which feeds it back as an input instead)."""
     i = r.first_divergence
     assert i is not None
     notes = f" after {len(r.ties)} numerical tie(s) at {list(r.ties)}" if r.ties else ""
     if i < len(r.found):
         found = f"token {r.found[i]} at index {i}{notes}"
-        if cached_from is not None:
-            found += f" (the cache holds it from target call {cached_from})"
+        if cached_from is not None and held == r.found[i]:
+            kept = "the cache holds it" if cached else "fed back as an input"
+            found += f" ({kept} from target call {cached_from})"
+        elif cached_from is not None:
+            kept = f"the cache holds token {held} there" if cached else f"token {held} fed back there"
+            found += f" ({kept} from target call {cached_from})"
     else:
         found = f"the output ending ({r.found_stop}) after {len(r.found)} tokens"
     ref = r.reference
@@ -250,5 +127,32 @@ def divergence(r: RowEquivalence, cached_from: int | None = None) -> Violation:
             "expected_token": ref[i] if i < len(ref) else None,
             "partial": r.partial,
             "ties": list(r.ties),
+            "cache_token": held,
         },
     )
+
+
+def pad_columns_read(run: Run, first: Violation) -> tuple[int, int] | None:
+    """(row, pad columns) when the target call that decided a divergence gave the diverging
+    request's row trailing pad columns: its last input columns masked, or holding the pad id
+    past the request's own tokens (right padding). The logits at the batch's last column are
+    then a pad's, not the row's; None when the row ends in its own token."""
+    if first.call is None or first.request is None or run.outputs is None:
+        return None
+    view = next((v for v in row_views(run)[0] if v.call == first.call and v.request == first.request), None)
+    call = next((c for c in run.recording.target_calls if c.index == first.call), None)
+    if view is None or call is None or call.input_ids is None or call.input_ids.dim() != 2:
+        return None
+    ids = call.input_ids[view.row].tolist()  # [T]
+    width = len(ids)
+    mask = fit_mask(call.attention_mask, call.input_ids.shape[0], call.past_length + width)[view.row, -width:]  # [T]
+    own = common_prefix(view.stream, run.case.prompts[first.request] + tuple(run.outputs[first.request]))
+    index = view.past + int(mask.sum()) - 1  # stream index of the last attended input
+    pads = 0
+    for column in reversed(range(width)):
+        if bool(mask[column]):
+            if ids[column] != run.case.pad_token_id or index < own:
+                break
+            index -= 1
+        pads += 1
+    return (view.row, pads) if pads else None

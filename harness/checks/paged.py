@@ -105,27 +105,38 @@ class Row:
 def check_paged(
     trace: PagedTrace, reference: Reference | None = None, tolerance: float = KV_TOLERANCE
 ) -> list[Violation]:
-    """Every rule on every target forward, in order (one violation per request, call and rule);
-    kv-entry only with a `reference` (e.g. `vllm_observer.hf_kv_reference`) and recorded K/V."""
+    """Every rule on every target forward, forward by forward, each forward's cause first (one
+    violation per request, call and rule; see `cause_first`); kv-entry only with a `reference`
+    (e.g. `vllm_observer.hf_kv_reference`) and recorded K/V."""
     ledger, found = Ledger(), []
     entries = Entries(trace, reference, tolerance) if reference is not None else None
     order = {r: i for i, r in enumerate(trace.prompts)}
     last_call = {(rid, c.step): c.index for c in trace.calls for rid in c.request_ids}
     for call in trace.calls:
         spans = span_violations(call, trace)
-        found += spans
         if any(v.rule == "query-spans" for v in spans):
+            found += spans
             continue
+        here = list(spans)
         rows = [bind(call, b, rid, order, trace, ledger) for b, rid in enumerate(call.request_ids)]
         for row in rows:
-            found += list(row_violations(row, trace, ledger))
+            here += list(row_violations(row, trace, ledger))
             if last_call[(row.request, call.step)] == call.index:
-                found += greedy_violations(row, trace)
+                here += greedy_violations(row, trace)
             if entries is not None:
-                found += entries.violations(row)
-        found += block_violations(call, rows, trace, ledger)
+                here += entries.violations(row)
+        here += block_violations(call, rows, trace, ledger)
+        found += cause_first(here)
         record(call, rows, ledger)
     return found
+
+
+def cause_first(violations: list[Violation]) -> list[Violation]:
+    """One forward's violations, causes before effects: in RULES order, layout rules (spans,
+    lengths, positions, slots, a block written by two live requests) before the K/V read through
+    them (provenance, overwrites, entries that differ from batch size 1), whatever request each
+    names; stable, so one rule's violations keep the batch's order."""
+    return sorted(violations, key=lambda v: RULES.index(v.rule))
 
 
 def span_violations(call: PagedCall, trace: PagedTrace) -> list[Violation]:

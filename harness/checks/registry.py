@@ -2,24 +2,34 @@
 first violation maps to the paper's failure signature.
 
 Everything that judges a run reads this list: the properties (one per check), `audit`,
-`gate`, `minimize`, the diagnosis, the JUnit output and README's table of checks. A check
+`gate`, `minimize`, the diagnosis, the JUnit output and docs/checks.md's table of checks. A check
 that cannot judge a run (token preservation without the scripted draft, a wait bound the
 decoder does not declare, order independence of a single row) is "not applicable" for it,
 never a pass. A contract break short-circuits: nothing else is judged on such a run.
 
 Signatures (paper, sections 4.2 and 6):
-  position-id        wrong position ids or misaligned batches; diverges at the first ragged
-                     round, low exact and low partial match;
-  kv-drift           stale, rejected or pad entries attended; high partial, low exact match;
-  bonus              a wrong token choice that shows even at batch size 1 (sampling/bonus error);
+  position-id        wrong position ids or misaligned batches (a row's logits read at a pad
+                     column); diverges at the first ragged round, low exact and low partial match;
+  kv-drift           stale, rejected or pad entries attended in a batch of >= 2 rows; high
+                     partial, low exact match;
+  bonus              wrong even at batch size 1: a batch-independent error (a wrong bonus or
+                     acceptance, rejected entries kept; the paper's appendix A), so a minimal
+                     case of one row is never kv-drift;
   numerical-tie      only divergences within the noise (real models: the measured noise floor,
                      judged by a higher-precision witness; built-in models: the oracle's margin
                      against the dtype's rounding tolerance); the run passes, equivalent modulo numerics;
   output-equivalent  output right, but an invariant or token preservation is broken;
-  bookkeeping        output-level errors without a broken invariant (EOS, length, row order);
+  bookkeeping        output-level errors without a broken invariant (EOS, length, row order, a
+                     token the cache holds verified but the output lost);
   scheduling         output right, but a scheduler rule is broken (a request waits past the
                      declared bound, a grouped batch is realigned, the output depends on pool order);
-  contract           the decoder broke the decoder contract.
+  contract           the decoder broke the decoder contract, or never called the target.
+
+A signature is decided from the minimal case's evidence (`decided`, `equivalence_signature`):
+with no target call it is contract (nothing was attended, so never kv-drift or position-id); on
+a case of one row there is no batch to drift across, so kv-drift there is bonus; a wrong token
+is re-run alone: wrong alone too is bonus, right alone and read at a pad column of the call
+that decided it is position-id.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from specaudit.checks import (
     check_token_preservation,
     equivalence,
 )
+from specaudit.checks.equivalence import pad_columns_read
 from specaudit.checks.paged import check_paged
 from specaudit.checks.scheduling import (
     check_grouped_no_realignment,
@@ -107,6 +118,8 @@ def contract_signature(first: Violation, run: Run) -> Signature:
 
 
 def i1_signature(first: Violation, run: Run | None = None) -> Signature:
+    if first.rule == "target-called":
+        return "contract", "the target was never called, so nothing the decoder returned was verified (target-called)"
     if first.rule == "position-shape":
         return "position-id", f"position ids do not fit the batch ({first.rule})"
     return "kv-drift", f"the mask or cache does not fit the batch, so other slots are attended ({first.rule})"
@@ -132,17 +145,31 @@ def single_row(case: Case, row: int) -> Case:
 
 
 def equivalence_signature(first: Violation, run: Run) -> Signature:
-    """A wrong stop is bookkeeping; dropped verified KV is drift; else re-run the row alone: an
-    invariant broken there names it, a wrong token there is a bonus error, none is bookkeeping."""
+    """A wrong stop, or a wrong token where the cache holds the oracle's, is bookkeeping; dropped
+    verified KV is drift; else re-run the row alone: an invariant broken there names it, a wrong
+    token there is a bonus error; right alone, a row read at a pad column is a position error
+    (a misaligned batch), else bookkeeping."""
     row = first.request if first.request is not None else 0
     found = equivalence(run).rows[row]
     if found.found[: len(found.reference)] == found.reference[: len(found.found)]:
         return "bookkeeping", f"row {row} stops at the wrong place ({found.found_stop} vs {found.expected_stop})"
+    held, want = first.evidence.get("cache_token"), first.evidence.get("expected_token")
+    if held is not None and held == want:
+        return "bookkeeping", (
+            f"row {row}'s output has token {first.evidence.get('found_token')} at index {first.evidence.get('index')} "
+            f"where its cache holds the oracle's token {held}: the output lost a token the target verified"
+        )
     if any(v.rule == "verified-kept" for v in judge("token-preservation", run).violations):
         return "kv-drift", "verified tokens' KV was dropped from the cache and the output went wrong"
     alone = run.again(single_row(run.case, row))
     seen = evaluate(alone).first_failure
     wrong = alone.outputs is not None and judge("equivalence", alone).status == FAIL
+    pads = pad_columns_read(run, first) if seen is None and not wrong else None
+    if pads is not None:
+        return "position-id", (
+            f"row {row} is right alone, and target call {first.call}, which decided its wrong token, ends its batch "
+            f"row {pads[0]} in {pads[1]} pad column(s): its logits were read at a pad column, not its last token"
+        )
     return alone_signature(row, seen.violations[0] if seen is not None else None, wrong, alone)
 
 
@@ -150,11 +177,27 @@ def alone_signature(row: int, first_alone: Violation | None, wrong_alone: bool, 
     """A wrong output's signature from its row (or engine request) re-run alone: an invariant
     broken there names it, a wrong token there is a bonus error, none is bookkeeping."""
     if first_alone is not None and check_named(first_alone.check).per_call:  # a sampled-out call hid it
-        signature, why = check_named(first_alone.check).signature(first_alone, alone)
+        signature, why = decided(check_named(first_alone.check).signature(first_alone, alone), alone)
         return signature, f"{why}; seen when row {row} runs alone: {first_alone.render()}"
     if wrong_alone:
         return "bonus", "the wrong token appears even at batch size 1"
     return "bookkeeping", "the output goes wrong only in a batch, with every invariant intact"
+
+
+def decided(signature: Signature, run: Run | None) -> Signature:
+    """A check's signature held to the minimal case's evidence (None: an engine's, judged per
+    step). No target call attended anything, so nothing drifted and no position was wrong: a
+    contract break. One row has no batch to drift across: what it attends wrongly is a
+    batch-independent error, wrong even at batch size 1 (the paper's appendix A puts rejected
+    entries kept there, with a wrong bonus)."""
+    name, why = signature
+    if run is None or name not in ("kv-drift", "position-id"):
+        return signature
+    if not run.recording.target_calls:
+        return "contract", f"the target was never called, so nothing was verified ({why})"
+    if name == "kv-drift" and run.case.batch_size == 1:
+        return "bonus", f"wrong even at batch size 1, so not drift across a batch: {why}"
+    return signature
 
 
 def scheduling_signature(reason: str) -> Callable[[Violation, Run], Signature]:
@@ -185,8 +228,8 @@ class Check:
     """One check of the registry; its place in CHECKS is the order violations are reported in."""
 
     name: str
-    title: str  # the property's name in README's table
-    statement: str  # one sentence: the README row and the property's docstring
+    title: str  # the property's name in docs/checks.md's table
+    statement: str  # one sentence: the docs/checks.md row and the property's docstring
     function: Callable[[Any], list[Violation]]  # the subject's evidence -> violations
     signature: Callable[[Violation, Any], Signature]  # its first violation -> (signature, reason)
     needs: tuple[Requirement, ...] = ()
@@ -418,7 +461,7 @@ def first_signature(run: Run) -> tuple[Outcome, Signature] | None:
     first = evaluate(run).first_failure
     if first is None:
         return None
-    return first, check_named(first.check).signature(first.violations[0], run)
+    return first, decided(check_named(first.check).signature(first.violations[0], run), run)
 
 
 def combined(statuses: list[str]) -> str:
@@ -429,11 +472,11 @@ def combined(statuses: list[str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# README
+# docs/checks.md
 
 
 def markdown_table() -> str:
-    """README's table of checks (the section "## The checks"), rendered from the registry."""
+    """docs/checks.md's table of checks (the section "## The checks"), rendered from the registry."""
     lines = [
         "| check | property (`properties/`) | what it asserts | judges | not applicable when |",
         "|---|---|---|---|---|",

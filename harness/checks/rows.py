@@ -52,6 +52,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specaudit.checks.agreement import common_prefix, equivalence
 from specaudit.checks.kv import Alternative, KVReader
 from specaudit.checks.observe import NO_TOKEN, UNKNOWN, Observation, common_prefixes, draft_between, observe
 from specaudit.fixtures.pairs import is_exact
@@ -179,6 +180,7 @@ class RowFollower:
         self.kv: KVReader | None = None  # a real model's reader over `sequences`
         self.prompts: list[tuple[int, ...]] = []
         self.sequences: list[tuple[int, ...]] = []  # per request: the history its rows are read against
+        self.oracles: list[tuple[int, ...]] = []  # per request: prompt + the oracle's tokens (what a fault expects)
         self.lengths = torch.zeros(0, dtype=torch.long)  # [R]
         self.table = torch.zeros(0, 0, dtype=torch.long)  # [R, Ls]
         self.state: list[Followed] = []
@@ -189,22 +191,29 @@ class RowFollower:
         self.faults: list[Fault] = []
 
     @classmethod
-    def of_run(cls, run: Run) -> RowFollower:
-        """A decoder run's follower: every request of the case, each read against its prompt and
-        the decoder's own output, known from the start."""
+    def of_run(cls, run: Run, sequences: Sequence[tuple[int, ...]], oracles: Sequence[tuple[int, ...]]) -> RowFollower:
+        """A decoder run's follower: every request of the case, each read against `sequences`
+        (its prompt and the tokens its cache should hold, `held_histories`), known from the
+        start; a fault names the oracle's token where the history so far is the oracle's."""
         assert run.outputs is not None
         exact = is_exact(run.case.model)
         follower = cls(exact, run.case.num_draft_tokens, run.case.pad_token_id, run.recording.target_calls)
-        sequences = [p + tuple(o) for p, o in zip(run.case.prompts, run.outputs)]
-        follower.add(list(run.case.prompts), sequences)
-        follower.kv = None if exact else KVReader.of_run(run, sequences)
+        follower.add(list(run.case.prompts), sequences, oracles)
+        follower.kv = None if exact else KVReader.of_run(run, list(sequences))
         follower.draft_orders = sorted(c.order for c in run.recording.draft_calls)
         return follower
 
-    def add(self, prompts: Sequence[tuple[int, ...]], sequences: Sequence[tuple[int, ...]]) -> None:
-        """Requests arriving (all of a decoder's at once, an engine's as they are added)."""
+    def add(
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        sequences: Sequence[tuple[int, ...]],
+        oracles: Sequence[tuple[int, ...]] | None = None,
+    ) -> None:
+        """Requests arriving (all of a decoder's at once, an engine's as they are added);
+        `oracles`: prompt + oracle tokens per request (None: the sequences are the reference)."""
         self.prompts += prompts
         self.sequences += sequences
+        self.oracles += oracles if oracles is not None else sequences
         self.state += [Followed(len(p)) for p in prompts]
         self.seen += [False] * len(prompts)
         self.history += [[] for _ in prompts]
@@ -539,7 +548,7 @@ class RowFollower:
                 row.row,
                 row.request,
                 past_slots[miss.index],
-                expected_token=sequence[miss.index],
+                expected_token=self.expected_at(row.request, miss.index),
                 expected_position=miss.index,
                 kv_difference=miss.distance,
                 kv_bound=miss.bound,
@@ -563,7 +572,7 @@ class RowFollower:
             row.slots[index],
             row.tokens[index],
             row.positions[index],
-            sequence[index] if inside else None,
+            self.expected_at(row.request, index, other) if inside else None,
             index if inside else None,
             other,
             input=input,
@@ -588,7 +597,7 @@ class RowFollower:
                     row.slots[j],
                     row.tokens[j],
                     row.positions[j],
-                    sequence[j] if j < n else None,
+                    self.expected_at(row.request, j) if j < n else None,
                     j,
                     input=j - m,
                 )
@@ -617,6 +626,17 @@ class RowFollower:
             None,
         )
         return self.slot_fault("history-token", row, j, sequence, other, j)
+
+    def expected_at(self, request: int, index: int, other: int | None = None) -> int:
+        """The token entry `index` of the request should hold, one fact for every message: the
+        oracle's while the request's history up to it is the oracle's (so at the first
+        divergence, the oracle's token, not the decoder's wrong commit), the history's after.
+        A row holding `other` request's entry is a mix-up of rows, judged by what each request
+        committed: the history's token."""
+        sequence, oracle = self.sequences[request], self.oracles[request]
+        if other is None and index < len(oracle) and common_prefix(sequence, oracle) >= index:
+            return oracle[index]
+        return sequence[index]
 
     def pending_of(self, token: int, request: int) -> int | None:
         """Another running request whose next token this is (rows mixed up), if any."""
@@ -647,17 +667,35 @@ def most_held(held: torch.Tensor, b: int) -> int:
 
 
 def follow_rows(run: Run) -> RowTrace:
-    """Bind every row of every target call to its request (memoized per run)."""
+    """Bind every row of every target call to its request (memoized per run): each request
+    read against what its cache should hold (`held_histories`)."""
     if run.derived.rows is None:
-        run.derived.rows = RowFollower.of_run(run).follow()
+        assert run.outputs is not None
+        oracles = [p + eq.reference for p, eq in zip(run.case.prompts, equivalence(run).rows)]
+        committed = [p + tuple(o) for p, o in zip(run.case.prompts, run.outputs)]
+        trace = RowFollower.of_run(run, committed, oracles).follow()
+        held = held_histories(committed, oracles, trace)
+        if held != committed:
+            trace = RowFollower.of_run(run, held, oracles).follow()
+        run.derived.rows = trace
     return run.derived.rows
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+def held_histories(
+    committed: Sequence[tuple[int, ...]], oracles: Sequence[tuple[int, ...]], trace: RowTrace
+) -> list[tuple[int, ...]]:
+    """Per request, the history its cache should hold: the prompt and the decoder's output, but
+    the oracle's where the output first parts from the oracle while the row's cache holds the
+    oracle's token there, and no other request's (an output that drops or changes a token the
+    target verified): the cache is then right and the output wrong, which equivalence reports,
+    not I2."""
+    held = list(committed)
+    for fault in trace.faults:
+        r, index = fault.request, fault.expected_position
+        if r is None or index is None or fault.found_token is None or fault.other is not None:
+            continue  # a token that is another request's is a row mix-up, whatever the oracle says
+        mine, oracle = committed[r], oracles[r]
+        at_divergence = index == common_prefix(mine, oracle) < min(len(mine), len(oracle))
+        if at_divergence and (fault.found_token, fault.found_position) == (oracle[index], index):
+            held[r] = oracle
+    return held

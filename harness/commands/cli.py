@@ -3,7 +3,8 @@
 This module is the boundary: it parses arguments, builds one typed settings object per
 command (`specaudit.config.settings`) and hands it to the command's module, which never sees
 argparse. Bad input anywhere below is a `UsageError`, caught here once: one line on stderr,
-exit 2, never a traceback. Otherwise the exit status is the command's: 0 pass, 1 fail.
+exit 2, never a traceback. Otherwise the exit status is the command's: 0 pass, 1 fail
+(`specaudit.contracts.exits`: EXIT_PASS, EXIT_FAIL, EXIT_USAGE).
 
 The command modules pull in torch, so each is imported when its command runs: building the
 parser (`specaudit --help`, a usage error) stays fast.
@@ -39,6 +40,7 @@ from specaudit.config.settings import (
 from specaudit.config.xfails import KnownFailures, load_xfails
 from specaudit.contracts.builtins import DEFAULT_DECODERS, MODELS, parse_models
 from specaudit.contracts.errors import UsageError
+from specaudit.contracts.exits import EXIT_FAIL, EXIT_PASS, EXIT_USAGE
 
 REAL_MODEL_ONLY = ("draft", "prompts", "device", "dtype", "check_rate", "batch_size", "max_new_tokens",
                    "num_draft_tokens", "max_prompts", "timeout")  # fmt: skip
@@ -125,7 +127,7 @@ def engine_file(args: argparse.Namespace) -> bool:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    """Replay any reproducer (`specaudit.artifacts.reproducer.replay`: a decoder or real-model case, an
+    """Replay any reproducer (`specaudit.commands.replay.replay`: a decoder or real-model case, an
     engine's rules, a black-box plan) against the subject it names or the one given, and print
     what it gives: the diagnosis, the engine's violations, the black-box table."""
     import json
@@ -137,7 +139,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     given = {name: getattr(args, name) for name in ("engine", "server", "target", "draft", "device")}
     outcome = replay(reproducer, args.decoder, **given)
     print(json.dumps(outcome.to_json(), indent=1) if args.json else outcome.render())
-    return 0 if outcome.passed else 1
+    return EXIT_PASS if outcome.passed else EXIT_FAIL
 
 
 def cmd_minimize(args: argparse.Namespace) -> int:
@@ -502,9 +504,9 @@ def cmd_observe_vllm(args: argparse.Namespace) -> int:
     run = observe_in_process(args.model, args.draft, default_workload(args.new_tokens))
     print(run.render())
     if run.passed:
-        return 0
+        return EXIT_PASS
     print(f"reproducer written to {write_paged_failure(args.out, run)}")
-    return 1
+    return EXIT_FAIL
 
 
 def add_observe_vllm(sub: argparse._SubParsersAction) -> None:
@@ -551,7 +553,7 @@ def usage_error(message: str) -> int:
     """The one place a usage error is told: one line on stderr, exit 2."""
     line = " ".join(message.split())
     print(f"specaudit: error: {line}", file=sys.stderr)
-    return 2
+    return EXIT_USAGE
 
 
 def importable_from_here() -> None:
@@ -572,10 +574,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed one usage line
-        return 2 if exc.code else 0
+        return EXIT_USAGE if exc.code else EXIT_PASS
     if args.command is None:
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     importable_from_here()
     try:
         return int(args.func(args))

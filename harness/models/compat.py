@@ -80,6 +80,18 @@ def select_rows(cache: Any, rows: torch.Tensor) -> None:
     cache.batch_select_indices(rows)
 
 
+def crop_cache(cache: Any, keep: int) -> None:
+    """Keep only the first `keep` slots of every layer, in place (a rollback after rejected drafts).
+
+    Only a negative `crop(-n)` means "drop the last n" in every version: a positive argument
+    means "keep n" before 5.15 and is refused from 5.20, and `crop(0)` empties the cache before
+    5.15 but does nothing after; so the count to drop is computed and passed only when > 0.
+    """
+    drop = cache_length(cache) - keep
+    if drop > 0:
+        cache.crop(-drop)
+
+
 @functools.lru_cache(maxsize=64)
 def _cache_keyword(forward: Any) -> str:
     params = inspect.signature(forward).parameters

@@ -57,6 +57,7 @@ class CallRecord:
     entry: str = "model"  # "model": model(...); "base": the base model called directly (a split body and head)
     unsupported: tuple[str, ...] = ()  # inputs the checks cannot judge, e.g. "inputs_embeds instead of input_ids"
     order: int = field(default_factory=lambda: next(_CALL_ORDER))  # order among all calls, target and draft
+    proposals: torch.Tensor | None = None  # [B, T] a draft call's top-1 token at every input (draft evidence only)
 
     @property
     def past_length(self) -> int:
@@ -168,7 +169,17 @@ class _Watch:
                 record.cache_after = [(_to_cpu(k), _to_cpu(v)) for k, v in filled_layers(cache)]
             except Exception as exc:  # never raise into the decoder's forward
                 record.unsupported += (f"a returned cache the harness cannot read ({type(exc).__name__}: {exc})",)
+        if self.role == "draft" and self.snapshot:
+            record.proposals = _top1(output)
         record.seconds += time.perf_counter()
+
+
+def _top1(output: Any) -> torch.Tensor | None:
+    """[B, T] the argmax of a call's logits (what a greedy draft proposes at each input), or None."""
+    logits = getattr(output, "logits", None)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+        return None
+    return _to_cpu(logits.argmax(-1))
 
 
 def _hooks(watch: _Watch, module: torch.nn.Module, entry: str) -> list[Any]:
@@ -280,20 +291,26 @@ def every_call(index: int) -> bool:
 
 @contextmanager
 def instrument(
-    target: torch.nn.Module, draft: torch.nn.Module | None, sample: Callable[[int], bool] = every_call
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    sample: Callable[[int], bool] = every_call,
+    *,
+    draft_evidence: bool = False,
 ) -> Iterator[Recording]:
     """Record target and draft calls while the block runs; hooks and probes are removed afterwards.
 
     `sample(i)` says whether target call i keeps a cache snapshot for I2; unsampled calls
     are still recorded and checked for I1. `breach(recording)` says whether the run must be
-    refused (an unsupported input or an unobserved target forward).
+    refused (an unsupported input or an unobserved target forward). `draft_evidence` also keeps
+    every draft call's cache snapshot and top-1 tokens (`CallRecord.proposals`): what the draft
+    proposed after which context, which token preservation judges (cheap on the scripted draft).
     """
     recording = Recording()
     undo = watch_model("target", target, recording.target_calls, recording, sample, snapshot=True, probe=True)
     try:
         if draft is not None and draft is not target:
             undo += watch_model(
-                "draft", draft, recording.draft_calls, recording, every_call, snapshot=False, probe=False
+                "draft", draft, recording.draft_calls, recording, every_call, snapshot=draft_evidence, probe=False
             )
         yield recording
     finally:

@@ -186,6 +186,75 @@ def idle_limit(case: Case) -> float:
     return max(IDLE_FLOOR_S, IDLE_MULTIPLE * reference_seconds(case))
 
 
+# ---------------------------------------------------------------------------------------
+# A decoder seen to hang
+#
+# Every run of a hanging decoder waits out the idle limit, and a search shrinking the hang runs
+# it dozens of times (the suite's Hypothesis shrinker for up to its own five minutes). So once
+# a run of a decoder spec is stopped for idleness, the runner remembers that the decoder hangs,
+# and its later runs in this process (the replays and shrink candidates of that hang first of
+# all) are watched with a short idle limit
+#
+#     short = min(idle, max(HANG_IDLE_FLOOR_S, HANG_GAP_MULTIPLE x longest gap))
+#
+# where the longest gap is the longest the decoder went without a forward completing in any of
+# its runs that returned (measured at the watchdog's poll): a decoder that was once as slow
+# between forwards as the short limit is not cut short. After HANG_RUNS hangs the suite's
+# shared runs (`cached_run`) stop waiting on it at all: cases not run yet are rejected (not
+# judged), so its shrinker ends on the smallest hang seen. A reproducer replayed in a fresh
+# process waits the full idle limit again.
+
+HANG_IDLE_FLOOR_S = 2.0
+HANG_GAP_MULTIPLE = 4.0
+HANG_RUNS = 6
+
+
+@dataclass
+class HangMemo:
+    """What the runner knows of one decoder spec's hangs in this process."""
+
+    hangs: int = 0  # runs stopped for idleness
+    longest_gap: float = 0.0  # seconds without a completed forward, in a run that returned
+
+
+_HANGS: dict[str, HangMemo] = {}
+
+
+def is_hang(run: Run) -> bool:
+    """A run the watchdog stopped because no forward completed for its idle limit."""
+    return hang_error(run.error)
+
+
+def hang_error(error: ContractError | None) -> bool:
+    """The watchdog's 'generate-returns' for idleness (not a runaway, not a raise)."""
+    return error is not None and error.rule == "generate-returns" and "timeout_s" in error.evidence
+
+
+def hangs(decoder_spec: str) -> int:
+    """How many runs of `decoder_spec` hung in this process."""
+    memo = _HANGS.get(decoder_spec)
+    return 0 if memo is None else memo.hangs
+
+
+def hang_limit(decoder_spec: str, case: Case) -> float:
+    """The idle limit for a run of `decoder_spec` on `case`: `idle_limit(case)`, or the short one
+    once the decoder has hung (see the section comment)."""
+    limit = idle_limit(case)
+    memo = _HANGS.get(decoder_spec)
+    if memo is None or memo.hangs == 0:
+        return limit
+    return min(limit, max(HANG_IDLE_FLOOR_S, HANG_GAP_MULTIPLE * memo.longest_gap))
+
+
+def note_run(decoder_spec: str, error: ContractError | None, longest_gap: float) -> None:
+    """Remember a hang of `decoder_spec`, or the longest forward gap of a run that returned."""
+    memo = _HANGS.setdefault(decoder_spec, HangMemo())
+    if hang_error(error):
+        memo.hangs += 1
+    elif error is None or error.rule != "generate-returns":
+        memo.longest_gap = max(memo.longest_gap, longest_gap)
+
+
 def max_forwards(case: Case) -> int:
     """More target forwards than this cannot come from a decoder whose rows finish."""
     return case.batch_size * (case.max_new_tokens + 2) * (case.num_draft_tokens + 1)
@@ -201,7 +270,8 @@ def run_case(
 ) -> Run:
     """Run `decoder_spec` (or an already loaded `factory`) on `case` and record everything.
 
-    `timeout_s` overrides the watchdog's idle limit (`idle_limit(case)`). `instrumented=False`
+    `timeout_s` overrides the watchdog's idle limit (`hang_limit`: `idle_limit(case)`, short once
+    the decoder has hung). `instrumented=False`
     runs without hooks (an empty recording): the baseline for measuring the instrumentation's
     own overhead. A contract break (the decoder's own, an input the checks cannot judge, an
     unobserved target forward, a changed model) leaves `outputs` None and `error` set.
@@ -210,7 +280,7 @@ def run_case(
     oracle, scripts = oracle_outputs(case)
     target = target_model(case.model, case.dtype)
     draft = draft_model(case.model, case.draft, scripts, case.dtype)
-    limit = idle_limit(case) if timeout_s is None else timeout_s
+    limit = timeout_s if timeout_s is not None else hang_limit(decoder_spec, case) if instrumented else idle_limit(case)
     guard = guarded_call(
         decoder_spec,
         factory,
@@ -220,6 +290,8 @@ def run_case(
         Watchdog(limit, max_forwards=max_forwards(case)),
         instrumented,
     )
+    if instrumented and timeout_s is None:  # a hang under a limit the caller chose says nothing of the idle limit
+        note_run(decoder_spec, guard.error, guard.longest_gap)
     return Run(
         case,
         decoder_spec,
@@ -244,6 +316,7 @@ class Guarded:
     recording: Recording
     seconds: float
     decoder: Any
+    longest_gap: float = 0.0  # longest the call went without a forward completing, at the watchdog's poll
 
 
 def guarded_call(
@@ -277,8 +350,11 @@ def guarded_call(
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     guard = ModelGuard({"target": target, "draft": draft}, evict_models)
     outputs, error = None, None
-    with instrument(target, draft, sample or every_call) if instrumented else nullcontext(Recording()) as recording:
-        watch = (lambda: progress(recording)) if instrumented else None  # un-instrumented: nothing to read
+    evidence = case.draft == "scripted"  # what the scripted draft proposed, for token preservation
+    observed = instrument(target, draft, sample or every_call, draft_evidence=evidence)
+    with observed if instrumented else nullcontext(Recording()) as recording:
+        gaps = Gaps(recording)
+        watch = gaps if instrumented else None  # un-instrumented: nothing to read
         watchdog = replace(watchdog, progress=watch, owner=owner, what=repr(case))
         synchronize(device)
         start = time.perf_counter()
@@ -302,12 +378,28 @@ def guarded_call(
         seconds = time.perf_counter() - start
     changed = guard.breach()  # always: it also repairs the models
     error = breach(recording) or error or changed  # an un-instrumented recording is empty: no breach
-    return Guarded(None if error is not None else outputs, error, recording, seconds, decoder)
+    return Guarded(None if error is not None else outputs, error, recording, seconds, decoder, gaps.longest)
 
 
 def progress(recording: Recording) -> tuple[int, int]:
     """(target forwards, all forwards) completed so far: what the watchdog reads."""
     return recording.forwards, len(recording.target_calls) + len(recording.draft_calls)
+
+
+class Gaps:
+    """`progress` as the watchdog polls it, keeping the longest wait between two changes (or
+    before the first): how slow between forwards the decoder has been (`hang_limit`)."""
+
+    def __init__(self, recording: Recording) -> None:
+        self.recording, self.seen = recording, (0, 0)
+        self.last, self.longest = time.monotonic(), 0.0
+
+    def __call__(self) -> tuple[int, int]:
+        now, count = time.monotonic(), progress(self.recording)
+        self.longest = max(self.longest, now - self.last)
+        if count != self.seen:
+            self.seen, self.last = count, now
+        return count
 
 
 def synchronize(device: torch.device | None) -> None:
@@ -323,8 +415,8 @@ def evict_models() -> None:
     """Forget every cached built-in model and run built on one: a decoder changed a model."""
     target_model.cache_clear()
     tiny = sys.modules.get("specaudit.fixtures.tiny")
-    if tiny is not None and hasattr(tiny, "_build"):
-        tiny._build.cache_clear()
+    if tiny is not None:  # built only when a tiny model was: no import here
+        tiny.forget_built()
     _RUNS.clear()
 
 
@@ -332,11 +424,17 @@ _RUNS: OrderedDict[tuple[str, Case], Run] = OrderedDict()
 
 
 def cached_run(decoder_spec: str, case: Case) -> Run:
-    """The properties share runs: four checks of one case cost one decoder run per process."""
+    """The properties share runs: every check of one case costs one decoder run per process.
+    Once the decoder has hung HANG_RUNS times, a case not run yet is rejected (Hypothesis's
+    `reject`: not judged), so the suite's shrinker stops waiting on the hang."""
     key = (decoder_spec, case)
     if key in _RUNS:
         _RUNS.move_to_end(key)
         return _RUNS[key]
+    if hangs(decoder_spec) >= HANG_RUNS:
+        from hypothesis import reject
+
+        reject()  # the hang is reported from the runs made; waiting on more of them finds nothing new
     run = run_case(decoder_spec, case)
     _RUNS[key] = run
     while len(_RUNS) > 64:

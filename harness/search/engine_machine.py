@@ -26,6 +26,8 @@ from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from specaudit._moved import forward as _forward
+from specaudit.checks.coverage import Coverage, coverage_of_session
 from specaudit.checks.engine import EngineFailure
 from specaudit.contracts.decoder import ContractError
 from specaudit.fixtures import VOCAB_SIZE
@@ -229,6 +231,7 @@ class MachineRun:
     first_failing_rules: int | None = None  # length of the first failing run, before shrinking
     seconds_to_failure: float | None = None
     events: dict[str, float] = field(default_factory=dict)
+    coverage: Coverage = field(default_factory=Coverage)  # the runs' sessions, up to the first failure
 
     @property
     def passed(self) -> bool:
@@ -292,6 +295,7 @@ def run_machine(
     def count(session: EngineSession | None) -> None:
         if session is None or result.runs_to_failure is not None:
             return
+        result.coverage = result.coverage.merge(coverage_of_session(session))
         result.rules += len(session.ops)
         if session.failed:
             result.runs_to_failure = base.tally["runs"]
@@ -324,3 +328,8 @@ def run_machine(
 
 # ---------------------------------------------------------------------------------------
 # Minimizing a reproducer: delta debugging over its rules, keeping the failure class
+
+
+# replay and engine_signature moved to specaudit.search.engine_replay (ceb6d45, 966f2dc);
+# their old path still resolves here, with a DeprecationWarning (specaudit._moved).
+__getattr__ = _forward(__name__)

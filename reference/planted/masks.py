@@ -26,7 +26,7 @@ class MaskNotUpdatedAfterRepad(EqSpec):
     """
 
     name = "mask_not_updated_after_repad"
-    bug = BugInfo("attention mask not updated after re-pad", "—", "kv-drift", "I1", True)
+    bug = BugInfo("attention mask not updated after re-pad", "—", "bonus", "I1", True)
 
     @staticmethod
     def model_mask(state: BatchState) -> torch.Tensor:
@@ -74,7 +74,7 @@ class PadsAccumulate(EqSpec):
     """
 
     name = "pads_accumulate"
-    bug = BugInfo("pads accumulate every round, wrong mask", "DSD", "kv-drift", "I2", True)
+    bug = BugInfo("pads accumulate every round, wrong mask", "DSD", "bonus", "I2", True)
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
@@ -98,7 +98,7 @@ class RightPadding(EqSpec):
     """
 
     name = "right_padding"
-    bug = BugInfo("right padding for a decoder-only model", "—", "bookkeeping", "equivalence", True, True)
+    bug = BugInfo("right padding for a decoder-only model", "—", "position-id", "equivalence", True, True)
 
     def prefill(
         self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor

@@ -520,7 +520,7 @@ def test_i2_evidence_fields() -> None:
         "expected_position": 2,
     }
     (eq,) = check_equivalence(run)
-    assert set(eq.evidence) == {"index", "found_token", "expected_token", "partial", "ties"}
+    assert set(eq.evidence) == {"index", "found_token", "expected_token", "partial", "ties", "cache_token"}
     assert eq.evidence["index"] == 2
 
 

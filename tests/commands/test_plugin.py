@@ -101,23 +101,23 @@ def pytest_configure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    real, drawn, runs = item.module.cached_run, [], []
+    real, drawn, runs = item.module.judged, [], []
     real_run = specaudit.running.runner.run_case
 
-    def recording(spec, case):
+    def recording(spec, case, *checks):
         # what was drawn, but the model and the EOS and pad ids (picked from the model's oracle)
         drawn.append(repr(replace(case, model="?", eos_token_id=None, pad_token_id=0)))
-        return real(spec, case)
+        return real(spec, case, *checks)
 
     def counting(spec, case):
         runs.append(1)
         return real_run(spec, case)
 
-    item.module.cached_run, specaudit.running.runner.run_case = recording, counting
+    item.module.judged, specaudit.running.runner.run_case = recording, counting
     try:
         yield
     finally:
-        item.module.cached_run, specaudit.running.runner.run_case = real, real_run
+        item.module.judged, specaudit.running.runner.run_case = real, real_run
         worker = os.environ.get("PYTEST_XDIST_WORKER", "")
         with Path("drawn.jsonl").open("a") as out:
             out.write(json.dumps({"item": item.name, "cases": drawn, "runs": len(runs), "worker": worker}) + "\\n")

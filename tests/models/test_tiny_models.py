@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -11,14 +12,20 @@ import pytest
 import torch
 import transformers
 
+from specaudit.checks import check_equivalence, check_i1, check_i2
+from specaudit.checks.diagnosis import diagnose
+from specaudit.contracts.case import Case
 from specaudit.fixtures import VOCAB_SIZE, tiny
 from specaudit.fixtures.tiny import ARCHS, build_tiny
+from specaudit.fixtures.transparent import RequestScript, TransparentLM, scripted_draft, transparent_target
 from specaudit.models.compat import cache_length, call_model
+from specaudit.running.runner import run_case
 
 ATOL = 1e-9
 PROMPT_LENGTHS = (5, 2, 7)  # left padding: rows 0 and 1 are padded, row 2 is not
 PAD_ID = 0
 REPO = Path(__file__).resolve().parents[2]
+CHECKS = {"I1": check_i1, "I2": check_i2, "equivalence": check_equivalence}
 
 
 def _uncached(arch: str, role: str, seed: int, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
@@ -312,3 +319,153 @@ def test_bfloat16_kv_past_position_256_is_within_tolerance_and_rounded_positions
     above = torch.isclose(k[0, :, 256:], rk[0, :, 256:], rtol=rtol, atol=atol)
     assert below.all(), f"below 256: got max |diff| {_diff(k[0, :, :256], rk[0, :, :256]):.3g}, but should be 0"
     assert not above.all(), "positions rounded to bfloat16 past 256 should change the K/V beyond KV_TOLERANCE"
+
+
+# ---------------------------------------------------------------------------------------
+# Every built-in model takes what its real class takes, under Hugging Face `generate` too.
+# CI's oldest smoke runs this file on transformers 4.51.
+
+
+def _real_twin(model: torch.nn.Module) -> torch.nn.Module:
+    """A plain instance of the Hugging Face class a built-in stands for, with its config and weights.
+
+    The transparent models stand for a Llama-style causal LM (their forward copies its arguments).
+    """
+    if isinstance(model, TransparentLM):
+        return build_tiny("llama")
+    plain = type(model).__mro__[1] if type(model).__name__.startswith("_") else type(model)
+    twin = plain(model.config).to(next(model.parameters()).dtype)
+    twin.load_state_dict(model.state_dict())
+    twin.generation_config = model.generation_config
+    return twin.eval()
+
+
+def _builtins() -> dict[str, torch.nn.Module]:
+    script = RequestScript((3, 1, 4), (1, 5, 9), (True, False, True))
+    models: dict[str, torch.nn.Module] = {"transparent": transparent_target(), "scripted": scripted_draft([script])}
+    for arch in ARCHS:
+        for role in tiny.ROLES:
+            models[f"{arch}-{role}"] = build_tiny(arch, role)
+    return models
+
+
+BUILTINS = ("transparent", "scripted", *(f"{a}-{r}" for a in ARCHS for r in tiny.ROLES))
+
+
+def _generate_takes(model: torch.nn.Module, name: str) -> bool:
+    """Whether `generate(..., name=...)` passes Hugging Face's own keyword check for `model`."""
+    try:
+        model._validate_model_kwargs({name: 1})
+    except ValueError:
+        return False
+    return True
+
+
+def _named_parameters(model: torch.nn.Module) -> set[str]:
+    params = inspect.signature(model.forward).parameters.values()
+    return {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtin_takes_every_keyword_its_real_class_takes(name: str) -> None:
+    """Every named argument of the real class's forward is a named argument of the built-in's, and
+    `generate` lets through (and refuses: a typo) the same model keywords for both."""
+    model = _builtins()[name]
+    twin = _real_twin(model)
+    missing = _named_parameters(twin) - _named_parameters(model) - {"cache", "past_key_values"}
+    assert not missing, f"{name}: forward lacks {sorted(missing)}, which {type(twin).__name__} takes"
+    for keyword in sorted(_named_parameters(twin) - {"input_ids"}) + ["position_id_typo"]:
+        assert _generate_takes(model, keyword) == _generate_takes(twin, keyword), (
+            f"{name}: generate(..., {keyword}=...) is {'' if _generate_takes(model, keyword) else 'not '}taken, "
+            f"but should be as on {type(twin).__name__}"
+        )
+
+
+@pytest.mark.parametrize("role", tiny.ROLES)
+@pytest.mark.parametrize("given", [True, False], ids=["position_ids", "no-position_ids"])
+def test_gpt2_generate_behaves_as_gpt2lmheadmodel(role: str, given: bool) -> None:
+    """`generate(input_ids, attention_mask, position_ids=..., ...)` on the built-in GPT-2 gives the tokens
+    a plain `GPT2LMHeadModel` with the same config and weights gives, with and without position ids."""
+    model = build_tiny("gpt2", role)
+    twin = _real_twin(model)
+    ids, mask = _left_pad(_prompts(seed=3))  # [B, T]
+    extra = {"position_ids": _positions(mask)} if given else {}
+    kwargs = {"attention_mask": mask, "max_new_tokens": 3, "do_sample": False, "pad_token_id": PAD_ID, **extra}
+    with torch.no_grad():
+        got, want = model.generate(ids, **kwargs)[:, ids.shape[1] :], twin.generate(ids, **kwargs)[:, ids.shape[1] :]
+    assert torch.equal(got, want), f"got new tokens {got.tolist()}, but should be {want.tolist()} as on GPT2LMHeadModel"
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtin_forward_calls_behave_as_hugging_face(name: str) -> None:
+    """Positional calls, `logits_to_keep` and `return_dict=False` work on every built-in as on a real causal LM."""
+    model = _builtins()[name]
+    ids, mask = _left_pad(_prompts(seed=4))
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask).logits  # [B, T, V]
+        if "logits_to_keep" in _named_parameters(model):
+            last = model(input_ids=ids, attention_mask=mask, logits_to_keep=1).logits  # [B, 1, V]
+            assert torch.allclose(last, full[:, -1:], rtol=0, atol=ATOL), f"got max |diff| {_diff(last, full[:, -1:])}"
+        as_tuple = model(input_ids=ids, attention_mask=mask, return_dict=False)
+        assert isinstance(as_tuple, tuple) and torch.allclose(as_tuple[0], full, rtol=0, atol=ATOL)
+        positional = model(ids, *([None] if "gpt2" in name else []), mask)  # GPT-2 takes the cache second
+        assert torch.allclose(positional.logits, full, rtol=0, atol=ATOL)
+
+
+# ---------------------------------------------------------------------------------------
+# Stuck decode positions under `generate`: a bug on transformers 4.51, none on 5.x
+
+STUCK = "tests.decoders.stuck_positions:StuckPositions"
+ADVANCING = "tests.decoders.stuck_positions:AdvancingPositions"
+
+
+def generate_advances_given_positions() -> bool:
+    """Whether this transformers' `generate` moves given position ids on at each decode step (5.x
+    extends them by one a token) or keeps slicing the given ones (4.51: every step at the last)."""
+    model, seen = build_tiny("llama"), []
+    ids = torch.arange(1, 5)[None]  # [1, 4]
+    hook = model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["position_ids"]), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            positions = torch.arange(4)[None]  # [1, 4]
+            model.generate(ids, attention_mask=torch.ones_like(ids), position_ids=positions, max_new_tokens=3)
+    finally:
+        hook.remove()
+    return [int(p[0, -1]) for p in seen[1:]] == [4, 5]  # the two decode steps
+
+
+def _stuck_case(model: str) -> Case:
+    draft = "scripted" if model == "transparent" else "tiny"
+    return Case(((3, 1, 4, 1, 5), (9, 2), (6, 6, 6)), ("101101", "111111", "1"), 2, 6, None, 0, 0, model, draft)
+
+
+def test_transformers_451_generate_keeps_given_positions() -> None:
+    """The premise: transformers 4.51's `generate` does not advance given position ids; 5.24's does."""
+    version = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    if version == (4, 51):
+        assert not generate_advances_given_positions()
+    elif version >= (5, 24):
+        assert generate_advances_given_positions()
+
+
+@pytest.mark.parametrize("model", ["transparent", "llama"])
+def test_stuck_generate_positions_fail_where_generate_keeps_them(model: str) -> None:
+    """A decoder handing the target's `generate` position ids for the context only fails I2 (position-ids)
+    and equivalence where `generate` keeps them (4.51), on the transparent model as on Llama; where
+    `generate` advances them (5.x) the same code is right and passes I1, I2 and equivalence."""
+    run = run_case(STUCK, _stuck_case(model))
+    assert run.error is None, run.error
+    found = {name: [v.rule for v in check(run)] for name, check in CHECKS.items()}
+    if generate_advances_given_positions():
+        assert found == {name: [] for name in CHECKS}, f"got {found}, but should pass where generate advances"
+    else:
+        assert "position-ids" in found["I2"], f"got I2 rules {found['I2']}, but should report position-ids"
+        assert found["equivalence"], "got equal outputs, but stuck positions should change the tokens"
+        assert diagnose(run).first_check == "I2"
+
+
+def test_advancing_generate_positions_pass_everywhere() -> None:
+    """Control: the same decoder leaving position ids to `generate` passes I1, I2 and equivalence."""
+    run = run_case(ADVANCING, _stuck_case("transparent"))
+    assert run.error is None, run.error
+    assert {name: [v.render() for v in check(run)] for name, check in CHECKS.items()} == {n: [] for n in CHECKS}

@@ -8,6 +8,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from specaudit.checks import check_equivalence, check_i1, check_i2
+from specaudit.checks.diagnosis import all_violations, diagnose
+from specaudit.contracts.case import Case
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.fixtures.transparent import (
     RequestScript,
@@ -20,6 +23,7 @@ from specaudit.fixtures.transparent import (
 )
 from specaudit.models.compat import cache_layers, call_model
 from specaudit.reference.oracle import greedy_oracle
+from specaudit.running.runner import run_case
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((3, 1, 4, 1, 5), (9, 2), (7,), (100, 101, 102))
 PAD = 1  # also a real token of PROMPTS[0]: the mask, not the id, says what a pad is
@@ -178,6 +182,71 @@ def test_omitted_positions_on_unpadded_row_are_harmless(target: TransparentLM) -
     prompt = PROMPTS[0]
     logits, _ = forward(target, [list(prompt)], None, None)
     assert torch.equal(logits[0], single(target, prompt))
+
+
+# ---------------------------------------------------------------------------------------
+# The target: a masked query column (a pad) never passes for a real one
+
+
+def right_pad(prompts: tuple[tuple[int, ...], ...], extra: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, position_ids), each [B, T], right-padded with PAD."""
+    width = max(map(len, prompts)) + extra
+    ids = torch.tensor([list(p) + [PAD] * (width - len(p)) for p in prompts])
+    mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
+    return ids, mask, torch.arange(width).expand(len(prompts), width)
+
+
+@pytest.mark.parametrize("model", ["target", "draft"])
+def test_right_pad_column_never_predicts_the_rows_next_token(target: TransparentLM, model: str) -> None:
+    """On a right-padded batch every real column is exact, and no pad column's top-1 is the row's next
+    token (what its last real column predicts), though the pad attends exactly what that column attends."""
+    lm = target if model == "target" else scripted_draft([])
+    ids, mask, positions = right_pad(PROMPTS, extra=2)
+    logits, _ = forward(lm, ids, mask, positions)  # [B, T, V]
+    for row, prompt in enumerate(PROMPTS):
+        n = len(prompt)
+        assert torch.equal(logits[row, :n], single(lm, prompt)), f"row {row}: a real column changed"
+        pads = logits[row, n:].argmax(-1).tolist()
+        assert int(logits[row, n - 1].argmax()) not in pads, f"row {row}: pad columns predict {pads}, the next token"
+
+
+def test_masked_decode_column_never_predicts_the_rows_next_token(target: TransparentLM) -> None:
+    """A cached decode step whose query is masked (a finished row fed a pad) predicts another token than
+    the same step unmasked; the slot it writes stays invisible to later calls."""
+    for prompt in PROMPTS:
+        n = len(prompt)
+        _, cache = forward(target, [list(prompt)], positions=[list(range(n))])
+        masked, cache = forward(target, [[PAD]], [[1] * n + [0]], [[n]], cache)
+        right = next_token(single(target, prompt))  # what the masked query's context predicts at a real column
+        assert next_token(masked[0]) != right, f"prompt {prompt}: a masked query predicts {right} as a real one does"
+        after, _ = forward(target, [[right]], [[1] * n + [0, 1]], [[n]], cache)
+        assert torch.equal(after[0, -1], single(target, prompt + (right,))[-1])
+
+
+PAD_READ = "tests.decoders.pad_column_read"
+
+
+def pad_read_case() -> Case:
+    """Rows of different lengths whose drafts are all accepted: the short rows' bonus is read at a pad."""
+    return Case(((3, 1, 4, 1, 5), (9, 2), (6, 6, 6)), ("111111", "111111", "101101"), 2, 6, None, 0)
+
+
+def test_pad_column_read_fails_equivalence() -> None:
+    """A decoder that reads a right-padded row's next token at the batch's last column (a pad for the short
+    rows) diverges from the oracle on the transparent model; equivalence is the check that reports it."""
+    run = run_case(f"{PAD_READ}:PadColumnRead", pad_read_case())
+    assert run.error is None, run.error
+    diverged = {v.request for v in check_equivalence(run)}
+    assert diverged == {1, 2}, f"got divergent requests {sorted(diverged)}, but should be the short rows 1 and 2"
+    assert not check_i1(run) and not check_i2(run), "the inputs are right: only the read is wrong"
+    assert diagnose(run).first_check == "equivalence"
+
+
+def test_own_column_read_passes() -> None:
+    """Control: the same right-padded decoder reading each row's own last column passes every check."""
+    run = run_case(f"{PAD_READ}:OwnColumnRead", pad_read_case())
+    assert run.error is None, run.error
+    assert [v.render() for v in all_violations(run)] == []
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""Old import paths of moved modules and names: they keep working for a while, with a DeprecationWarning.
+
+Adapters and the regression tests specaudit wrote into users' repositories import specaudit by
+module path; when a module moves (97aaf06: the subpackages per concern) or a name leaves its
+module (ceb6d45: the engine machine and the black box split by layer), the old path must not
+become an ImportError overnight. Each old module is a file at its old place that calls `alias`;
+a module a name left calls `forward`. Both look the new place up here, so docs/api.md and
+tests/test_public_api.py read one table. Standard library only: the foundation layer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+MODULES: dict[str, str] = {
+    "specaudit.compat": "specaudit.models.compat",
+    "specaudit.case": "specaudit.contracts.case",
+    "specaudit.contract": "specaudit.contracts.decoder",
+    "specaudit.engine": "specaudit.contracts.engine",
+    "specaudit.errors": "specaudit.contracts.errors",
+    "specaudit.violation": "specaudit.contracts.violation",
+    "specaudit.loading": "specaudit.models.loading",
+    "specaudit.runner": "specaudit.running.runner",
+    "specaudit.registry": "specaudit.checks.registry",
+    "specaudit.diagnosis": "specaudit.checks.diagnosis",
+    "specaudit.engine_machine": "specaudit.search.engine_machine",
+    "specaudit.reproducer": "specaudit.artifacts.reproducer",
+    "specaudit.realmodel": "specaudit.adapters.realmodel",
+    "specaudit.replay": "specaudit.commands.replay",
+    "specaudit.cli": "specaudit.commands.cli",
+}
+"""Old module -> where it lives now (97aaf06). Kept: the contracts, the cache layer, the case,
+what specaudit's written regression tests import (runner, registry, violation, reproducer,
+engine_machine), the diagnosis and replay, and what the docs' adapter examples imported (loading, realmodel, cli)."""
+
+NAMES: dict[str, str] = {
+    "specaudit.engine_machine.replay": "specaudit.search.engine_replay.replay",
+    "specaudit.engine_machine.diagnose_engine": "specaudit.search.engine_replay.diagnose_engine",
+    "specaudit.engine_machine.engine_signature": "specaudit.search.engine_replay.engine_signature",
+    "specaudit.search.engine_machine.replay": "specaudit.search.engine_replay.replay",
+    "specaudit.search.engine_machine.engine_signature": "specaudit.search.engine_replay.engine_signature",
+    "specaudit.models.MODELS": "specaudit.contracts.builtins.MODELS",
+    "specaudit.models.DRAFTS": "specaudit.contracts.builtins.DRAFTS",
+    "specaudit.models.DTYPE_NAMES": "specaudit.contracts.builtins.DTYPE_NAMES",
+    "specaudit.adapters.engine_blackbox.audit_server": "specaudit.adapters.transports.audit_server",
+    "specaudit.adapters.engine_blackbox.audit_callable": "specaudit.adapters.transports.audit_callable",
+    "specaudit.adapters.engine_blackbox.CompletionsClient": "specaudit.adapters.transports.CompletionsClient",
+}
+"""Old dotted name -> where it lives now, for names that left a module (ceb6d45, 966f2dc) or whose
+module's path is now a package (`specaudit.models`, 97aaf06); consulted before MODULES, so an old
+module's names follow them too."""
+
+Getattr = Callable[[str], Any]
+
+
+def resolve(dotted: str) -> Any:
+    """The object a dotted `package.module.name` path names."""
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def moved_away(module: str) -> dict[str, str]:
+    """The names that left `module`, each with its new dotted path."""
+    return {old.rpartition(".")[2]: new for old, new in NAMES.items() if old.rpartition(".")[0] == module}
+
+
+def alias(old: str) -> tuple[Getattr, Callable[[], list[str]]]:
+    """`__getattr__` and `__dir__` for the file left at an old module path: importing it warns
+    once, naming the new path; every attribute is the new module's own object (no copies)."""
+    new, away = MODULES[old], moved_away(old)
+    moved_names = f" (its {', '.join(f'{name} to {path}' for name, path in sorted(away.items()))})" if away else ""
+    warnings.warn(
+        f"{old} is deprecated: it moved to {new}{moved_names}; import from there (the old path will be removed)",
+        DeprecationWarning,
+        stacklevel=3,  # alias, the old module's body, then (past importlib's frames) the importing line
+    )
+
+    def __getattr__(name: str) -> Any:
+        if name == "__all__":
+            target = importlib.import_module(new)
+            return list(getattr(target, "__all__", [n for n in vars(target) if not n.startswith("_")]))
+        if name.startswith("__"):  # __path__, __wrapped__, ...: probes, not names a user imports
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        if name in away:
+            return resolve(away[name])
+        try:
+            return getattr(importlib.import_module(new), name)
+        except AttributeError:
+            raise AttributeError(f"module {old!r} (now {new!r}) has no attribute {name!r}") from None
+
+    def __dir__() -> list[str]:
+        return sorted(set(dir(importlib.import_module(new))) | set(away))
+
+    return __getattr__, __dir__
+
+
+def forward(module: str) -> Getattr:
+    """`__getattr__` for a module some names left: each still resolves, with a DeprecationWarning
+    naming its new path at every use."""
+    away = moved_away(module)
+
+    def __getattr__(name: str) -> Any:
+        if name not in away:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} is deprecated: it moved to {away[name]}; import it from there "
+            "(the old path will be removed)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return resolve(away[name])
+
+    return __getattr__

@@ -1,0 +1,5 @@
+"""The old path of `specaudit.adapters.realmodel`: importing it warns (see specaudit._moved)."""
+
+from specaudit._moved import alias as _alias
+
+__getattr__, __dir__ = _alias(__name__)

@@ -1,0 +1,253 @@
+"""The public API (`specaudit.__all__`, docs/api.md): every name imports, is its home module's own
+object and is documented; `import specaudit` stays cheap; moved modules and names keep their old
+paths with a DeprecationWarning; the exit-code constants are what the command line returns."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import specaudit
+from specaudit._moved import MODULES, NAMES
+
+ROOT = Path(__file__).resolve().parents[1]
+API_DOC = ROOT / "docs" / "api.md"
+EQSPEC = "specaudit.reference.eqspec:EqSpec"
+MUTANT = "specaudit.reference.mutants:rejected_kv_attended"
+
+
+def home(name: str) -> object:
+    """The object a public name stands for, read from its home module directly."""
+    module, _, attr = specaudit._PUBLIC[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def documented() -> dict[str, list[str]]:
+    """docs/api.md's name tables: each public name's row as its cells."""
+    rows = {}
+    for line in API_DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        match = re.fullmatch(r"`(\w+)`", cells[0]) if line.startswith("|") else None
+        if match:
+            rows[match.group(1)] = cells
+    return rows
+
+
+def python(code: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter: nothing imported before it."""
+    return subprocess.run(
+        [sys.executable, *flags, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
+
+
+def fresh(monkeypatch: pytest.MonkeyPatch, old: str) -> None:
+    """Forget an old module path, so that importing it runs (and warns) again."""
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    parent, _, child = old.rpartition(".")
+    monkeypatch.delattr(sys.modules[parent], child, raising=False)
+
+
+# ---------------------------------------------------------------------------------------
+# The names
+
+
+def test_import_specaudit_imports_nothing_else() -> None:
+    """`import specaudit` loads neither torch nor any module of the package (the pytest plugin's start-up)."""
+    done = python("""
+        import sys
+        import specaudit
+        assert "torch" not in sys.modules, "torch imported"
+        print(sorted(m for m in sys.modules if m.startswith("specaudit")))
+    """)
+    assert done.returncode == 0 and done.stdout.strip() == "['specaudit']", done.stdout + done.stderr
+
+
+def test_every_public_name_imports() -> None:
+    """Every name of `__all__` in a fresh interpreter, none through a deprecated path
+    (DeprecationWarning is an error here)."""
+    done = python(
+        "import specaudit\nfor name in specaudit.__all__: getattr(specaudit, name)", "-W", "error::DeprecationWarning"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow  # one interpreter per home module: about 5 s each
+@pytest.mark.parametrize("module", sorted({home.partition(":")[0] for home in specaudit._PUBLIC.values()}))
+def test_each_home_module_imports_first(module: str) -> None:
+    """A public name's home imported first thing in its own interpreter: no import cycle hides
+    behind the order in which other names happened to be imported."""
+    names = [name for name, where in specaudit._PUBLIC.items() if where.startswith(f"{module}:")]
+    done = python(f"import specaudit\nfor name in {names!r}: getattr(specaudit, name)")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", specaudit.__all__)
+def test_a_public_name_is_its_home_modules_own_object(name: str) -> None:
+    """`specaudit.NAME` is the object defined in its home module (no copy, no wrapper)."""
+    assert getattr(specaudit, name) is home(name)
+    assert name in dir(specaudit)
+
+
+def test_a_name_outside_the_api_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'EqSpec'"):
+        specaudit.EqSpec  # noqa: B018
+    with pytest.raises(ImportError):
+        from specaudit import not_a_name  # noqa: F401
+
+
+def test_every_public_name_is_documented_where_it_lives() -> None:
+    """docs/api.md has one row per name of `__all__` (and no other), naming its home module."""
+    rows = documented()
+    assert sorted(rows) == sorted(specaudit.__all__), set(rows) ^ set(specaudit.__all__)
+    wrong = [
+        f"{name}: {rows[name][2]}, but should name {specaudit._PUBLIC[name].partition(':')[0]}"
+        for name in specaudit.__all__
+        if f"`{specaudit._PUBLIC[name].partition(':')[0]}`" not in rows[name][2]
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def documented_aliases() -> list[tuple[str, str]]:
+    return [(name, alias) for name, cells in documented().items() for alias in re.findall(r"`([\w.]+)`", cells[3])]
+
+
+@pytest.mark.parametrize(("name", "alias"), documented_aliases())
+def test_a_documented_alias_imports_with_a_warning(name: str, alias: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each deprecated alias docs/api.md lists still gives the public object, warning with its new home."""
+    module, _, attr = alias.rpartition(".")
+    if module in MODULES:
+        fresh(monkeypatch, module)
+    new = specaudit._PUBLIC[name].partition(":")[0]
+    with pytest.warns(DeprecationWarning, match=re.escape(new)):
+        value = getattr(importlib.import_module(module), attr)
+    assert value is home(name)
+
+
+def test_every_moved_path_is_documented_and_has_its_file() -> None:
+    """Each old module of `specaudit._moved` is a file at its old place and a row of docs/api.md;
+    each moved name's old module is named there too."""
+    text = API_DOC.read_text()
+    missing = [old for old in MODULES if f"| `{old}` |" not in text]
+    missing += [old for old in NAMES if f"`{old.rpartition('.')[0]}." not in text]
+    assert not missing, f"not in docs/api.md: {missing}"
+    files = {f"specaudit.{p.stem}" for p in Path(specaudit.__file__).parent.glob("*.py") if "_alias(" in p.read_text()}
+    assert files == set(MODULES), files ^ set(MODULES)
+
+
+def test_crop_cache_keeps_the_first_slots_in_every_version() -> None:
+    """`crop_cache(cache, keep)` keeps the first `keep` slots of every layer; keeping as many as
+    are filled, or more, removes nothing (`crop(0)` would empty the cache before transformers 5.15)."""
+    import torch
+
+    kv = [
+        (torch.arange(20.0).reshape(2, 1, 5, 2) + layer, torch.zeros(2, 1, 5, 2)) for layer in range(3)
+    ]  # [B, H, S, D]
+    cache = specaudit.cache_from_tensors(kv)
+    specaudit.crop_cache(cache, 5)
+    specaudit.crop_cache(cache, 7)
+    assert specaudit.layer_lengths(cache) == (5, 5, 5)
+    specaudit.crop_cache(cache, 3)
+    assert specaudit.layer_lengths(cache) == (3, 3, 3)
+    assert all(torch.equal(k, kv[i][0][..., :3, :]) for i, (k, _) in enumerate(specaudit.cache_layers(cache)))
+
+
+# ---------------------------------------------------------------------------------------
+# Moved paths
+
+
+def test_the_old_compat_path_imports_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's case: an adapter's `from specaudit.compat import ...` works, warns once at its
+    own import line, and gets the cache layer's own functions."""
+    from specaudit.models import compat
+
+    fresh(monkeypatch, "specaudit.compat")
+    moved = r"specaudit\.compat is deprecated: it moved to specaudit\.models\.compat"
+    with pytest.warns(DeprecationWarning, match=moved) as seen:
+        from specaudit.compat import cache_layers, crop_cache
+    assert (cache_layers, crop_cache) == (compat.cache_layers, compat.crop_cache)
+    assert [w.filename for w in seen] == [__file__], "the warning should point at the importing line"
+    import specaudit.compat as old
+
+    assert old.select_rows is compat.select_rows and "cache_keyword" in dir(old)
+    with pytest.raises(AttributeError, match="now 'specaudit.models.compat'"):
+        old.no_such_helper  # noqa: B018
+
+
+def test_an_old_module_follows_its_names_that_moved_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`specaudit.engine_machine.replay` (the engine regression tests specaudit once wrote) is now
+    `specaudit.search.engine_replay.replay`; the warning says both moves."""
+    from specaudit.search import engine_machine, engine_replay
+
+    fresh(monkeypatch, "specaudit.engine_machine")
+    with pytest.warns(DeprecationWarning, match=r"its .*replay to specaudit\.search\.engine_replay\.replay"):
+        from specaudit.engine_machine import EngineMachine, replay
+    assert replay is engine_replay.replay and EngineMachine is engine_machine.EngineMachine
+
+
+@pytest.mark.parametrize("old", sorted(NAMES))
+def test_a_name_that_left_its_module_warns_at_each_use(old: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, _, attr = old.rpartition(".")
+    if module in MODULES:
+        fresh(monkeypatch, module)
+    new_module, _, new_attr = NAMES[old].rpartition(".")
+    with pytest.warns(DeprecationWarning, match=re.escape(NAMES[old])):
+        value = getattr(importlib.import_module(module), attr)
+    assert value is getattr(importlib.import_module(new_module), new_attr)
+
+
+OLD_REGRESSION_TEST_IMPORTS = """
+from specaudit.case import Case
+from specaudit.registry import all_violations
+from specaudit.reproducer import remember_failure, remember_engine_failure
+from specaudit.violation import explain, render
+from specaudit.runner import run_case
+from specaudit.engine_machine import replay
+"""
+"""The imports of the regression tests specaudit wrote before 97aaf06 (`_TEMPLATE` and
+`_ENGINE_TEMPLATE` of specaudit.reproducer then): those files live on in users' repositories."""
+
+
+def test_regression_tests_written_before_the_move_still_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old regression tests' imports run, each old module warning once."""
+    old = re.findall(r"^from (specaudit\.\w+) import", OLD_REGRESSION_TEST_IMPORTS, re.M)
+    for module in old:
+        fresh(monkeypatch, module)
+    with pytest.warns(DeprecationWarning) as seen:
+        exec(OLD_REGRESSION_TEST_IMPORTS, {})
+    warned = [str(w.message).split()[0] for w in seen if issubclass(w.category, DeprecationWarning)]
+    assert warned == old, warned
+
+
+# ---------------------------------------------------------------------------------------
+# Exit codes
+
+
+def test_the_exit_codes_are_the_documented_ones() -> None:
+    assert (specaudit.EXIT_PASS, specaudit.EXIT_FAIL, specaudit.EXIT_USAGE) == (0, 1, 2)
+
+
+def test_the_command_line_returns_the_exit_constants(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`specaudit replay` of one small case: EXIT_PASS for EqSpec, EXIT_FAIL for a planted bug,
+    EXIT_USAGE for an unreadable file and an unknown option."""
+    case = specaudit.Case(((5,),), ((False,) * 6,), 1, 3, None, 0)
+    path = case.save(tmp_path / "case.json")
+    assert specaudit.main(["replay", str(path), "--decoder", EQSPEC]) == specaudit.EXIT_PASS
+    assert specaudit.main(["replay", str(path), "--decoder", MUTANT]) == specaudit.EXIT_FAIL
+    assert specaudit.main(["replay", str(tmp_path / "missing.json"), "--decoder", EQSPEC]) == specaudit.EXIT_USAGE
+    assert specaudit.main(["replay", "--no-such-option"]) == specaudit.EXIT_USAGE
+    capsys.readouterr()
+
+
+def test_a_replayed_reproducer_through_the_public_api(tmp_path: Path) -> None:
+    """What an adapter does with a failure: load the case and replay it, all from `specaudit`."""
+    path = specaudit.Case(((5,),), ((False,) * 6,), 1, 3, None, 0).save(tmp_path / "case.json")
+    assert specaudit.load_case(path) == specaudit.Case.from_json(specaudit.load_reproducer(path).to_json())
+    outcome = specaudit.replay_reproducer(path, MUTANT)
+    assert isinstance(outcome, specaudit.Diagnosis) and not outcome.passed and outcome.first_check == "I2"
+    assert all(isinstance(v, specaudit.Violation) for v in outcome.violations)
