@@ -69,14 +69,24 @@ def max_position(batches: list[dict[str, Any]]) -> int:
     return top
 
 
-def planted_signature(name: str) -> str:
-    """The first check and signature the catalog records for a planted bug ("" if unknown)."""
+def planted_signature(name: str, rows: int = 1) -> str:
+    """The first check and signature the catalog records for a planted bug in a batch of `rows`
+    ("" if unknown): a real-model batch is not shrunk, so a bug signed on a one-row minimal case
+    has its batch signature there (`BugInfo.batch_signature`)."""
     try:
         from specaudit.reference.mutants import CATALOG
     except ImportError:
         return ""
     bug = getattr(CATALOG.get(name), "bug", None)
-    return f"{bug.first_check}, {bug.signature}" if bug is not None else ""
+    if bug is None:
+        return ""
+    signature = bug.batch_signature if rows >= 2 and bug.batch_signature else bug.signature
+    return f"{bug.first_check}, {signature}"
+
+
+def largest_batch(batches: list[dict[str, Any]]) -> int:
+    """The most rows of any batch judged."""
+    return max((len(b["diagnosis"].get("case", {}).get("requests", [])) for b in batches), default=0)
 
 
 def expectation(name: str, dtype: str, batches: list[dict[str, Any]]) -> str:
@@ -86,7 +96,7 @@ def expectation(name: str, dtype: str, batches: list[dict[str, Any]]) -> str:
         reach, limit = max_position(batches), EXACT_INTEGERS.get(dtype, 0)
         if reach <= limit:
             return f"PASS (positions <= {reach}, exact in {dtype})"
-    recorded = planted_signature(name)
+    recorded = planted_signature(name, largest_batch(batches))
     return f"FAIL ({recorded})" if recorded else "FAIL"
 
 

@@ -108,7 +108,7 @@ def test_commands_exist(page: Path) -> None:
     text = code(page)
     targets, commands = make_targets(), subcommands()
     bad = [f"make {t}" for t in re.findall(r"(?:^|[\s$(])make ([a-z][\w-]+)", text, flags=re.M) if t not in targets]
-    found = re.findall(r"(?:^|[\s$/])specaudit ([a-z][\w-]+)", text, flags=re.M)
+    found = re.findall(r"(?:^|[$/]|(?<!from)(?<!import)\s)specaudit ([a-z][\w-]+)", text, flags=re.M)
     bad += [f"specaudit {c}" for c in found if c not in commands]
     assert not bad, f"{page_id(page)} names commands that do not exist: {bad}"
 

@@ -18,3 +18,5 @@ class BugInfo:
     needs_padding: bool = False  # at batch size 1 only with extra pad columns: its smallest case may use a 2nd row
     models: tuple[str, ...] = ("transparent",)  # where tests/test_mutants.py searches for it (the first one)
     min_rows: int = 0  # rows its smallest failing case needs; 0: 1 or 2, as visible_at_batch_1 and needs_padding say
+    batch_signature: str = ""  # the signature in a batch of >= 2 rows, where it differs: a wrong entry attended
+    # is signed bonus on a one-row minimal case (no batch to drift across) and kv-drift in a batch

@@ -25,7 +25,7 @@ class RejectedKvAttended(EqSpec):
     """
 
     name = "rejected_kv_attended"
-    bug = BugInfo("rejected drafts' KV kept and attended", "BSP", "bonus", "I2", True)
+    bug = BugInfo("rejected drafts' KV kept and attended", "BSP", "bonus", "I2", True, batch_signature="kv-drift")
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor
@@ -82,7 +82,7 @@ class RealignOffByOne(EqSpec):
     """
 
     name = "realign_off_by_one"
-    bug = BugInfo("realignment range off by one", "—", "bonus", "I2", True)
+    bug = BugInfo("realignment range off by one", "—", "bonus", "I2", True, batch_signature="kv-drift")
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor

@@ -26,7 +26,7 @@ class MaskNotUpdatedAfterRepad(EqSpec):
     """
 
     name = "mask_not_updated_after_repad"
-    bug = BugInfo("attention mask not updated after re-pad", "—", "bonus", "I1", True)
+    bug = BugInfo("attention mask not updated after re-pad", "—", "bonus", "I1", True, batch_signature="kv-drift")
 
     @staticmethod
     def model_mask(state: BatchState) -> torch.Tensor:
@@ -74,7 +74,7 @@ class PadsAccumulate(EqSpec):
     """
 
     name = "pads_accumulate"
-    bug = BugInfo("pads accumulate every round, wrong mask", "DSD", "bonus", "I2", True)
+    bug = BugInfo("pads accumulate every round, wrong mask", "DSD", "bonus", "I2", True, batch_signature="kv-drift")
 
     def realign(
         self, state: BatchState, accepted: torch.Tensor, bonus: torch.Tensor, k: int, finished: torch.Tensor

@@ -128,4 +128,5 @@ def test_a_property_rejects_a_case_it_has_seen_pass(
     with pytest.raises(UnsatisfiedAssumption):
         suite.assert_check("I1", decoder, case, request)
     suite.assert_check("I2", decoder, case, request)  # another check: not a repeat for its property
-    assert runs == [case], f"the case ran {len(runs)} times, should run once"
+    # other checks the session selects may run their own variants (order independence: rotated rows)
+    assert runs.count(case) == 1, f"the case ran {runs.count(case)} times, should run once"
