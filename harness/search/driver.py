@@ -126,7 +126,6 @@ class _Round:
     hang_waits: int = 0  # shrink runs that hung
     seconds_to_find: float = 0.0
     latest: Case | None = None  # the last failing case run: the shrinker's current smallest
-    met: set[FailureClass] = field(default_factory=set)  # the classes it moved through, all set aside after
     failing: set[Case] = field(default_factory=set)
 
 
@@ -191,7 +190,7 @@ def search(
         if minimal is None or state.target is None:
             break
         found = shrunk_failure(s, minimal, state, result.cases_run)
-        s.set_aside.update({*state.met, found.failure_class})
+        s.set_aside.update({state.target, found.failure_class})
         if all(f.failure_class != found.failure_class for f in result.failures):
             result.failures.append(found)
     result.examples = result.failures[0].examples if result.failures else result.cases_run
@@ -259,16 +258,20 @@ def fails(s: _Search, state: _Round, case: Case) -> bool:
         return False  # passing, or failing only in a class set aside or one reported after the one shrunk
     if state.target is None:
         state.target, state.hang, state.seconds_to_find = found, is_hang(run), time.perf_counter() - s.start
-    state.met.add(found)
     state.target = found
     return True
 
 
 def nearer_the_cause(found: FailureClass, target: FailureClass) -> bool:
     """May the shrinker move from a failure of class `target` to one of class `found`? Within the
-    class, or to an earlier check of the registry (an I2 break behind an order-independence one):
-    the checks are ordered cause first, so the minimal case then names the cause."""
-    return found == target or CHECK_ORDER.index(found[0]) < CHECK_ORDER.index(target[0])
+    class, or to an earlier invariant or output check of the registry (an I2 break behind an
+    order-independence one): the checks are ordered cause first, so the minimal case then names
+    the cause. Never into a contract break (a crash, a hang, a malformed return): that is a
+    failure of its own, found in its own round. The class left behind is not set aside, so if it
+    was a bug of its own a later round finds it again."""
+    if found == target:
+        return True
+    return found[0] != "contract" and CHECK_ORDER.index(found[0]) < CHECK_ORDER.index(target[0])
 
 
 def note_hang_again(s: _Search, run: Run, violations: list[Violation]) -> None:

@@ -58,3 +58,4 @@ def test_the_shrinker_moves_toward_the_cause_only() -> None:
     cause, effect = ("I2", "attends-wrong-slot"), ("order-independence", "same-output")
     assert nearer_the_cause(cause, effect) and nearer_the_cause(effect, effect)
     assert not nearer_the_cause(effect, cause)
+    assert not nearer_the_cause(("contract", "generate-returns"), effect), "a hang is a failure of its own"
