@@ -26,7 +26,7 @@ DEADLINE=$((START + BUDGET - 20))  # the last 20 s are the summary's and the cop
 PY=${PYTHON:-python3}
 SMOKE=${SPECAUDIT_GPU_CHECK_SMOKE:-0}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/specaudit-gpu-check.XXXXXX")
-PROMPTS=harness/data/prompts.jsonl
+PROMPTS=harness/models/data/prompts.jsonl
 
 if [ "$SMOKE" = 1 ]; then
   DEVICE=cpu
@@ -180,7 +180,10 @@ STATUS=$?
 cat "$RESULTS/summary.log"
 rm -rf "$WORK"
 if [ -n "${SPECAUDIT_GPU_CHECK_COPY_TO:-}" ]; then
-  mkdir -p "$SPECAUDIT_GPU_CHECK_COPY_TO" && cp -r "$RESULTS" "$SPECAUDIT_GPU_CHECK_COPY_TO/"
+  # One archive and the summary: a device machine returns few files, none deep in folders.
+  mkdir -p "$SPECAUDIT_GPU_CHECK_COPY_TO" && \
+    tar -czf "$SPECAUDIT_GPU_CHECK_COPY_TO/gpu-results.tar.gz" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")" && \
+    cp "$RESULTS/summary.md" "$SPECAUDIT_GPU_CHECK_COPY_TO/" 2>/dev/null
 fi
 say "finished in $(($(date +%s) - START))s (budget ${BUDGET}s); summary: $RESULTS/summary.md; exit $STATUS"
 exit "$STATUS"

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
         ("settings", "config"),
         ("models", "models reference fixtures"),
         ("numerics", "numerics"),
-        ("running and observing", "running adapters.vllm_observer"),
+        ("running and observing", "running"),
         ("checks", "checks"),
         ("search and minimization", "search"),
         ("subjects and artifacts", "artifacts adapters"),

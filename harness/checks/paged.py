@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specaudit.adapters.vllm_observer import PagedCall, PagedTrace
 from specaudit.contracts.rules import PAGED_RULES
 from specaudit.contracts.violation import Violation
+from specaudit.running.paged import PagedCall, PagedTrace
 
 CHECK = "paged"
 RULES = PAGED_RULES

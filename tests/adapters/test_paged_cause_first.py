@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from test_vllm_observer import BLOCK, fake_trace, reference, with_call
 
-from specaudit.adapters.vllm_observer import PagedTrace
 from specaudit.checks.diagnosis import Finding
 from specaudit.checks.paged import RULES, check_paged
 from specaudit.checks.registry import check_named
+from specaudit.running.paged import PagedTrace
 
 LAYOUT_RULES = RULES[: RULES.index("block-shared") + 1]
 

@@ -29,10 +29,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specaudit.adapters.vllm_observer import PagedCall, PagedTrace
 from specaudit.checks.paged import RULES, check_paged
 from specaudit.contracts.rules import CHECK_RULES
 from specaudit.models.pretrained import cache_dir
+from specaudit.running.paged import PagedCall, PagedTrace
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (run under .venv-vllm/bin/pytest)")
