@@ -28,13 +28,16 @@ $(VENV)/.real: $(BIN)/specaudit
 audit-real: $(VENV)/.real
 	$(BIN)/specaudit audit --target smollm2 --dtype float32 --max-prompts 16 --batch-size 8 --max-new-tokens 32
 
+# The conformance properties first: a decoder x model's properties are one xdist group, the
+# longest units of work, so they start first and the short tests fill the workers' ends.
 test: $(BIN)/specaudit
-	$(BIN)/pytest tests/ properties/ -n auto
+	$(BIN)/pytest properties/ tests/ -n auto
 
-# The same without the tests marked slow (the catalogs' searches, packaging, whole-suite runs):
-# a developer's minutes-long loop; CI runs everything (`make test`).
+# The same without the tests marked slow (the catalogs' and searches' tests, packaging, every
+# test that starts pytest in a fresh interpreter): a developer's loop of about 3 minutes on two
+# cores; CI runs everything (`make test`). bench/results/test_time.md has the figures.
 test-fast: $(BIN)/specaudit
-	$(BIN)/pytest tests/ properties/ -n auto -m "not slow"
+	$(BIN)/pytest properties/ tests/ -n auto -m "not slow"
 
 lint: $(BIN)/specaudit
 	$(BIN)/ruff check .
@@ -62,20 +65,25 @@ $(VLLM_VENV)/.specaudit-vllm:
 
 vllm-venv: $(VLLM_VENV)/.specaudit-vllm
 
-# Every served model (tiny Llama, SmolLM2-135M) x configuration (control, ngram, draft model).
+# Every served model (tiny Llama, SmolLM2-135M) x configuration (control, ngram, draft model, self-draft),
+# both levels: the black box against a server, the white box in process under drawn workloads.
 audit-vllm: $(VENV)/.real $(VLLM_VENV)/.specaudit-vllm
 	$(BIN)/specaudit audit-vllm --vllm-python $(VLLM_BIN)/python --out specaudit-out/vllm
 
-# CI's size: the tiny Llama, the draft-model configuration and the control, then the white box.
+# CI's size: the tiny Llama, the draft-model configuration and the control at both levels (the white
+# box drawing 3 workloads), then the in-process tests but the planted bugs' searches.
 audit-vllm-smoke: $(BIN)/specaudit $(VLLM_VENV)/.specaudit-vllm
 	$(BIN)/specaudit audit-vllm --vllm-python $(VLLM_BIN)/python --models tiny --configurations control,draft \
-		--requests 8 --max-new-tokens 24 --out specaudit-out/vllm-smoke
-	$(MAKE) test-vllm VLLM_VENV=$(VLLM_VENV)
+		--requests 8 --max-new-tokens 24 --whitebox-examples 3 --whitebox-minutes 1 --out specaudit-out/vllm-smoke
+	$(MAKE) test-vllm VLLM_VENV=$(VLLM_VENV) TEST_VLLM_SELECT="not drawn_white_box"
 
-# The white box: vLLM in process, unpatched (ngram, draft model; arrivals, an abort) and each planted
-# vLLM bug (reference/vllm_mutants.py), every target forward judged by the paged-layout checks.
+# The white box: vLLM in process, unpatched (ngram, draft model; arrivals, an abort, preemption) and
+# each planted vLLM bug (reference/vllm_mutants.py), every target forward judged by the paged-layout
+# checks; the bugs of drawn configurations found by the white box's search, shrunk and replayed.
+TEST_VLLM_SELECT ?=
 test-vllm: $(VLLM_VENV)/.specaudit-vllm
-	$(VLLM_BIN)/pytest tests/adapters/test_vllm_observer.py -p no:xdist -p no:cacheprovider -q -W ignore
+	$(VLLM_BIN)/pytest tests/adapters/test_vllm_observer.py -p no:xdist -p no:cacheprovider -q -W ignore \
+		$(if $(TEST_VLLM_SELECT),-k "$(TEST_VLLM_SELECT)")
 
 # Import cycles among specaudit's modules (imports inside functions count), on a copy of the
 # tree laid out as the wheel installs it (harness/ is specaudit, the other folders its subpackages).

@@ -156,12 +156,21 @@ audit() {  # audit DTYPE SPEC
     --device "$DEVICE" --dtype "$dtype" --decoder "$spec" --check-rate 0.25 "${AUDIT_ARGS[@]}" \
     --timeout "$((max > 10 ? max : 10))" --out "$RESULTS/audit/$dtype/$name"
 }
+# The first decoder's audits measure each dtype's noise floor into the shared cache; the others
+# start once it is there (or after 150 s), so no two processes measure the same floor.
+floors() { find "$SPECAUDIT_CACHE" -name 'noise-*.json' 2>/dev/null | wc -l; }
+first=1
 for spec in ${DECODERS[@]+"${DECODERS[@]}"}; do
   for dtype in "${DTYPES[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
     audit "$dtype" "$spec" &
     sleep 1  # staggered starts: imports and model loads do not all land at once
   done
+  if [ "$first" = 1 ]; then
+    first=0
+    for _ in $(seq 150); do [ "$(floors)" -ge "${#DTYPES[@]}" ] && break; sleep 1; done
+    say "$(floors) noise floor(s) cached; starting the other audits"
+  fi
 done
 wait
 

@@ -72,7 +72,7 @@ def kill_engine(name: str, model: str, seeds: int, max_examples: int) -> dict[st
         seconds_total_median=round(statistics.median(r.seconds for r in found), 2),
         shrunk_rules_min=smallest.shrunk_rules,
         shrunk_rules_median=statistics.median(r.shrunk_rules or 0 for r in found),
-        ddmin_rules=len(minimized.reproducer["ops"]),
+        ddmin_rules=len(minimized.reproducer.ops),
         first_check=first.check,
         rule=first.rule,
         diagnosed_signature=diagnosed,
@@ -82,7 +82,7 @@ def kill_engine(name: str, model: str, seeds: int, max_examples: int) -> dict[st
             for r in found
             if r.failure
         ],
-        reproducer=minimized.reproducer,
+        reproducer=minimized.reproducer.to_json(),
     )
     return row
 

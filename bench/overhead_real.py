@@ -24,13 +24,13 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specaudit.adapters.overhead import measure_overhead
 from specaudit.adapters.realmodel import RealRun, checks_target, oracle_for, real_case, run_real
 from specaudit.checks import check_i2
 from specaudit.checks.kv import KV_NOISE_MULTIPLE, KVReader
@@ -38,6 +38,12 @@ from specaudit.checks.rows import follow_rows
 from specaudit.models.loading import load_pair, read_prompts, special_ids, tokenize
 from specaudit.models.pretrained import DEFAULT_PROMPTS
 from specaudit.numerics.calibration import calibrate
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: make `bench.*` importable next to the package
+    sys.path.insert(0, str(ROOT))
+
+from bench.overhead import measure_overhead  # noqa: E402
 
 DECODERS = {
     "EQSPEC": "specaudit.reference.eqspec:EqSpec",

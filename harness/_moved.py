@@ -31,10 +31,16 @@ MODULES: dict[str, str] = {
     "specaudit.realmodel": "specaudit.adapters.realmodel",
     "specaudit.replay": "specaudit.commands.replay",
     "specaudit.cli": "specaudit.commands.cli",
+    "specaudit.artifacts.audit": "specaudit.audits.audit",
+    "specaudit.artifacts.gate": "specaudit.audits.gate",
+    "specaudit.artifacts.transplant": "specaudit.audits.transplant",
+    "specaudit.adapters.realaudit": "specaudit.audits.realaudit",
 }
 """Old module -> where it lives now (97aaf06). Kept: the contracts, the cache layer, the case,
 what specaudit's written regression tests import (runner, registry, violation, reproducer,
-engine_machine), the diagnosis and replay, and what the docs' adapter examples imported (loading, realmodel, cli)."""
+engine_machine), the diagnosis and replay, and what the docs' adapter examples imported (loading, realmodel, cli).
+Then (issue 26) what runs an audit left `artifacts` and `adapters` for `specaudit.audits`: the
+audit, the gate's run half, the transplant and the real-model audit."""
 
 NAMES: dict[str, str] = {
     "specaudit.engine_machine.replay": "specaudit.search.engine_replay.replay",
@@ -48,10 +54,68 @@ NAMES: dict[str, str] = {
     "specaudit.adapters.engine_blackbox.audit_server": "specaudit.adapters.transports.audit_server",
     "specaudit.adapters.engine_blackbox.audit_callable": "specaudit.adapters.transports.audit_callable",
     "specaudit.adapters.engine_blackbox.CompletionsClient": "specaudit.adapters.transports.CompletionsClient",
+    "specaudit.artifacts.reproducer.remember_failure": "specaudit.commands.pytest_notes.remember_failure",
+    "specaudit.artifacts.reproducer.remember_engine_failure": "specaudit.commands.pytest_notes.remember_engine_failure",
+    "specaudit.artifacts.reproducer.note_on_item": "specaudit.commands.pytest_notes.note_on_item",
+    "specaudit.artifacts.reproducer.write_failure": "specaudit.audits.regression.write_failure",
+    "specaudit.artifacts.reproducer.write_engine_failure": "specaudit.audits.regression.write_engine_failure",
+    "specaudit.artifacts.reproducer.regression_test_source": "specaudit.audits.regression.regression_test_source",
+    "specaudit.artifacts.reproducer.engine_regression_test_source": "specaudit.audits.regression.engine_regression_test_source",  # noqa: E501
+    "specaudit.artifacts.reproducer.replay_failures": "specaudit.commands.replay.replay_failures",
+    "specaudit.artifacts.reproducer.replay_engine_rules": "specaudit.commands.replay.replay_engine_rules",
+    "specaudit.reproducer.remember_failure": "specaudit.commands.pytest_notes.remember_failure",
+    "specaudit.reproducer.remember_engine_failure": "specaudit.commands.pytest_notes.remember_engine_failure",
+    "specaudit.reproducer.note_on_item": "specaudit.commands.pytest_notes.note_on_item",
+    "specaudit.reproducer.write_failure": "specaudit.audits.regression.write_failure",
+    "specaudit.reproducer.write_engine_failure": "specaudit.audits.regression.write_engine_failure",
+    "specaudit.reproducer.regression_test_source": "specaudit.audits.regression.regression_test_source",
+    "specaudit.reproducer.engine_regression_test_source": "specaudit.audits.regression.engine_regression_test_source",  # noqa: E501
+    "specaudit.reproducer.replay_failures": "specaudit.commands.replay.replay_failures",
+    "specaudit.reproducer.replay_engine_rules": "specaudit.commands.replay.replay_engine_rules",
+    "specaudit.contracts.decoder.Watchdog": "specaudit.running.watchdog.Watchdog",
+    "specaudit.contracts.decoder.call_decoder": "specaudit.running.watchdog.call_decoder",
+    "specaudit.contracts.decoder.still_running": "specaudit.running.watchdog.still_running",
+    "specaudit.contracts.decoder.watched": "specaudit.running.watchdog.watched",
+    "specaudit.contracts.decoder.STOP_GRACE_S": "specaudit.running.watchdog.STOP_GRACE_S",
+    "specaudit.contracts.decoder.POLL_S": "specaudit.running.watchdog.POLL_S",
+    "specaudit.contracts.decoder.ModelState": "specaudit.running.fingerprint.ModelState",
+    "specaudit.contracts.decoder.model_state": "specaudit.running.fingerprint.model_state",
+    "specaudit.contracts.decoder.model_changes": "specaudit.running.fingerprint.model_changes",
+    "specaudit.contracts.decoder.remove_new_hooks": "specaudit.running.fingerprint.remove_new_hooks",
+    "specaudit.contracts.decoder.global_hooks": "specaudit.running.fingerprint.global_hooks",
+    "specaudit.contracts.decoder.global_hook_changes": "specaudit.running.fingerprint.global_hook_changes",
+    "specaudit.contracts.decoder.HOOK_DICTS": "specaudit.running.fingerprint.HOOK_DICTS",
+    "specaudit.contracts.decoder.GLOBAL_HOOK_DICTS": "specaudit.running.fingerprint.GLOBAL_HOOK_DICTS",
+    "specaudit.contract.Watchdog": "specaudit.running.watchdog.Watchdog",
+    "specaudit.contract.call_decoder": "specaudit.running.watchdog.call_decoder",
+    "specaudit.contract.still_running": "specaudit.running.watchdog.still_running",
+    "specaudit.contract.watched": "specaudit.running.watchdog.watched",
+    "specaudit.contract.STOP_GRACE_S": "specaudit.running.watchdog.STOP_GRACE_S",
+    "specaudit.contract.POLL_S": "specaudit.running.watchdog.POLL_S",
+    "specaudit.contract.ModelState": "specaudit.running.fingerprint.ModelState",
+    "specaudit.contract.model_state": "specaudit.running.fingerprint.model_state",
+    "specaudit.contract.model_changes": "specaudit.running.fingerprint.model_changes",
+    "specaudit.contract.remove_new_hooks": "specaudit.running.fingerprint.remove_new_hooks",
+    "specaudit.contract.global_hooks": "specaudit.running.fingerprint.global_hooks",
+    "specaudit.contract.global_hook_changes": "specaudit.running.fingerprint.global_hook_changes",
+    "specaudit.contract.HOOK_DICTS": "specaudit.running.fingerprint.HOOK_DICTS",
+    "specaudit.contract.GLOBAL_HOOK_DICTS": "specaudit.running.fingerprint.GLOBAL_HOOK_DICTS",
+    "specaudit.artifacts.audit.Verdict": "specaudit.audits.decoders.DecoderVerdict",
+    "specaudit.artifacts.audit.EngineVerdict": "specaudit.audits.engines.EngineVerdict",
+    "specaudit.artifacts.audit.audit_model": "specaudit.audits.decoders.audit_model",
+    "specaudit.artifacts.audit.audit_plan": "specaudit.audits.decoders.audit_plan",
+    "specaudit.artifacts.audit.planted_bugs": "specaudit.audits.decoders.planted_bugs",
+    "specaudit.artifacts.audit.format_table": "specaudit.audits.decoders.format_table",
+    "specaudit.artifacts.audit.audit_engine": "specaudit.audits.engines.audit_engine",
+    "specaudit.artifacts.audit.engine_plan": "specaudit.audits.engines.engine_plan",
+    "specaudit.artifacts.audit.planted_engine_bugs": "specaudit.audits.engines.planted_engine_bugs",
+    "specaudit.artifacts.audit.format_engine_table": "specaudit.audits.engines.format_engine_table",
+    "specaudit.artifacts.audit.merge_statuses": "specaudit.audits.verdict.merge_statuses",
 }
-"""Old dotted name -> where it lives now, for names that left a module (ceb6d45, 966f2dc) or whose
-module's path is now a package (`specaudit.models`, 97aaf06); consulted before MODULES, so an old
-module's names follow them too."""
+"""Old dotted name -> where it lives now, for names that left a module (ceb6d45, 966f2dc; issue 26:
+the reproducer's code generation, pytest notes and replays, the decoder contract's watchdog and
+fingerprints, the audit's verdicts and plan) or whose module's path is now a package
+(`specaudit.models`, 97aaf06); consulted before MODULES, so an old module's names follow them too."""
 
 Getattr = Callable[[str], Any]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Generator, Hashable
+from typing import Any
 
 import pytest
 
@@ -139,9 +140,10 @@ def suite_settings(item: pytest.Item) -> object | None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
     """Seed the item's test, and give a property its budget, for this call only: every
-    parametrization shares the function object."""
+    parametrization shares the function object. A property that passes leaves its stream of
+    cases to the others of its key (`stream_key`, `pytest_pyfunc_call`)."""
     seed, budget = item_seed(item), suite_settings(item)
     if seed is None and budget is None:
         yield
@@ -155,14 +157,44 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     if budget is not None:
         budget(test)  # type: ignore[operator]
     changed = [k for k, v in vars(test).items() if k not in before or before[k] is not v]
+    key = item.stash[STREAM] = stream_key(item, seed, budget)
     try:
-        yield
+        outcome = yield
+        if key is not None and outcome.excinfo is None and hasattr(item.module, "stream_passed"):
+            item.module.stream_passed(item, key)
     finally:
         for key in changed:
             if key in before:
                 setattr(test, key, before[key])
             else:
                 delattr(test, key)
+
+
+STREAM = pytest.StashKey[Hashable | None]()
+"""On a property's item for its call: its `stream_key` (the seed is applied to the test by then)."""
+
+
+def stream_key(item: pytest.Item, seed: Hashable | None, budget: object | None) -> Hashable | None:
+    """What makes two properties draw the same cases: parametrization, seed and budget under a
+    profile without an example database (specaudit-ci's). None where a database could put a
+    property's own saved failures first, or where the item is no conformance property."""
+    from hypothesis import settings
+
+    if seed is None or budget is None or settings.default.database is not None:
+        return None
+    return (parametrization(item), seed, budget.max_examples)  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A property whose check passes on every case of a stream another property of its key drew
+    and passed on has that outcome without drawing the cases again (test_conformance.py,
+    `passes_known_stream`): Hypothesis would draw the same cases. None: call the test as usual."""
+    key = pyfuncitem.stash.get(STREAM, None)
+    known = getattr(pyfuncitem.module, "passes_known_stream", None)
+    if key is not None and known is not None and known(pyfuncitem, key):
+        return True
+    return None
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,16 +14,17 @@ choices), so the profile's examples are distinct cases (`specaudit.config.profil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from hypothesis import event, given, reject
 from hypothesis import strategies as st
+from hypothesis.errors import UnsatisfiedAssumption
 
-from specaudit.artifacts.reproducer import remember_failure
-from specaudit.checks.registry import NOT_APPLICABLE, Outcome, check_named, judge
+from specaudit.checks.registry import NOT_APPLICABLE, CheckOutcome, check_named, outcome_of
+from specaudit.commands.pytest_notes import remember_failure
 from specaudit.contracts.case import Case
 from specaudit.contracts.violation import explain
 from specaudit.running.runner import Run, cached_run
@@ -53,12 +54,14 @@ def conformance(name: str) -> Callable[[Any], Any]:
 class Judgement:
     """One check's outcome on one case; for a check that does not apply, whether the decoder is why."""
 
-    outcome: Outcome
+    outcome: CheckOutcome
     of_decoder: bool = False
 
 
 _JUDGED: dict[tuple[str, Case], dict[str, Judgement]] = {}
 _PASSED: set[tuple[str, str, Case]] = set()  # (check, decoder, case) a property has seen not fail
+_DRAWN: dict[str, list[Case]] = {}  # item node id -> the cases its property judged, in order (not shrinking)
+_STREAMS: dict[Hashable, tuple[Case, ...]] = {}  # stream key -> the cases a property drew and passed on
 SHRINKING = pytest.StashKey[bool]()
 """On a property's item once it has failed: the cases it draws next are the shrinker's candidates,
 judged by its own check only (the other properties draw them only if they fail alike)."""
@@ -66,9 +69,9 @@ judged by its own check only (the other properties draw them only if they fail a
 
 def judgement(name: str, run: Run) -> Judgement:
     """Check `name` on `run` after the contract: a contract violation is every property's failure."""
-    outcome = judge("contract", run)
+    outcome = outcome_of("contract", run)
     if not outcome.violations:
-        outcome = judge(name, run)
+        outcome = outcome_of(name, run)
     unmet = check_named(name).unmet(run) if outcome.status == NOT_APPLICABLE else None
     return Judgement(outcome, unmet is not None and unmet.of_decoder)
 
@@ -102,6 +105,8 @@ def assert_check(name: str, decoder: str, case: Case, request: pytest.FixtureReq
     if (name, decoder, case) in _PASSED:
         reject()
     shrinking = request.node.stash.get(SHRINKING, False)
+    if not shrinking:
+        _DRAWN.setdefault(request.node.nodeid, []).append(case)
     verdict = judged(decoder, case, (name,) if shrinking else session_checks(request, name))[name]
     outcome = verdict.outcome
     if outcome.status == NOT_APPLICABLE:
@@ -184,3 +189,38 @@ def test_order_independence(
     specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
 ) -> None:
     check_drawn("order-independence", specaudit_decoder, specaudit_model, data, request)
+
+
+# ---------------------------------------------------------------------------------------
+# One draw per stream: the properties of one decoder x model draw the same cases (one seed, one
+# budget), and drawing a case costs as much as judging it by all eight checks (Hypothesis
+# draws a prompt token by token). Once one property has passed on its stream, another whose
+# check passes on every case of that stream has its outcome: Hypothesis would draw the same
+# cases for it (the engine is deterministic given the seed and the same outcomes: a pass, or the
+# rejection of a repeat). Where its check fails on a case, or no stream is known, it draws.
+
+
+def stream_passed(item: pytest.Item, key: Hashable) -> None:
+    """`item`'s property passed: its drawn cases are the stream of `key` (the first one kept)."""
+    drawn = _DRAWN.pop(item.nodeid, [])
+    if drawn:
+        _STREAMS.setdefault(key, tuple(drawn))
+
+
+def passes_known_stream(item: pytest.Item, key: Hashable) -> bool:
+    """True when a stream of `key` is known and `item`'s check passes on each of its cases
+    (judged from the runs of the cases, run again where they left `cached_run`): the property's
+    outcome without drawing. False where it must draw: no stream, or a case its check does not pass."""
+    stream = _STREAMS.get(key)
+    name = getattr(getattr(item, "obj", None), "specaudit_check", None)
+    decoder = getattr(getattr(item, "callspec", None), "params", {}).get("specaudit_decoder")
+    if not stream or name is None or decoder is None:
+        return False
+    for case in stream:
+        try:
+            verdict = judged(decoder, case, (name,))[name]
+        except UnsatisfiedAssumption:  # `cached_run` gave up on a hanging decoder: draw, as the property would
+            return False
+        if verdict.outcome.violations or verdict.of_decoder:
+            return False
+    return True

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from specaudit.artifacts.reproducer import remember_engine_failure
+from specaudit.commands.pytest_notes import remember_engine_failure
 from specaudit.contracts.engine import EngineLoadError, load_engine
 from specaudit.search.engine_machine import event_shares, machine_failure, machine_for, machine_settings
 
@@ -38,7 +38,7 @@ def test_engine_matches_oracle_at_every_step(
     except Exception as exc:  # what Hypothesis raises last is the shrunk rule sequence's failure
         failure = machine_failure(exc, engine_spec, specaudit_model)
         if failure is not None:  # the plugin writes it to --specaudit-out and applies --specaudit-xfails
-            remember_engine_failure(failure.reproducer, failure.violations, request.node, failure.diagnosis)
+            remember_engine_failure(failure.reproducer.to_json(), failure.violations, request.node, failure.diagnosis)
         raise
     finally:
         shares = event_shares(machine)

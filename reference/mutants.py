@@ -17,10 +17,10 @@ The classes live in `specaudit.reference.planted`, one module per family:
 (`info` holds `BugInfo`, `shared` the pieces several families build on.) Old reproducers name
 them here, so this module re-exports every class and every lowercase name.
 
-Checks run in the registry's order (`specaudit.checks.registry.CHECKS`: contract, I1, I2, equivalence,
-token-preservation, liveness, grouped-no-realignment, order-independence; the last entry, paged,
-judges only an in-process vLLM's paged layout); `first_check` is the first of those that reports
-a violation on the shrunk failing case.
+Checks run in the registry's order for a decoder (`specaudit.checks.registry.order_for(DECODER)`:
+contract, I1, I2, equivalence, token-preservation, liveness, grouped-no-realignment,
+order-independence; `paged` judges only a paged engine's trace); `first_check` is the first of
+those that reports a violation on the shrunk failing case.
 
 Signatures (decided on the shrunk case, `specaudit.checks.registry.decided`):
   position-id        wrong position ids, slots written at wrong positions (I2 position rule), or

@@ -27,6 +27,9 @@ import torch
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 SAMPLER = "vllm.v1.sample.rejection_sampler"
 BLOCK_POOL = "vllm.v1.core.block_pool:BlockPool"
+SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
+LLAMA = "vllm.model_executor.models.llama:LlamaForCausalLM"
+STAGGERED = "staggered"  # the observer's fixed ngram workload (`vllm_observer.staggered`), in the test process
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class VllmMutant:
     make: Callable[[Callable[..., Any]], Callable[..., Any]]  # the original -> the planted replacement
     kv_visible: bool = True  # the K/V comparison with a batch-size-1 run (rule kv-entry) also sees it
     check: str = "paged"
+    # where it is shown: STAGGERED, or a white-box configuration (`whitebox_vllm` arguments) whose
+    # drawn workloads reach it (an EOS inside an accepted run needs high acceptance and a stop token)
+    workload: str = STAGGERED
+    weakness: str = ""  # the gap of the earlier white box it stands for (issue 25), if any
 
     def __repr__(self) -> str:
         return f"VllmMutant({self.name!r} -> {self.check}/{self.rule})"
@@ -220,6 +227,39 @@ def zeroes_live_block(original: Callable[..., Any]) -> Callable[..., Any]:
     return update_states
 
 
+def leaked_logit_bias(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A request's logit bias leaks to its batch neighbours: when a forward samples for more than
+    one request, token `BIASED` is favoured in every row (the logits vLLM samples from, only)."""
+
+    def compute_logits(self: Any, hidden_states: torch.Tensor) -> Any:
+        logits = original(self, hidden_states)  # [rows, V]
+        if logits is not None and logits.shape[0] > 1:
+            logits = logits.clone()
+            logits[:, BIASED] += LEAKED_BIAS
+        return logits
+
+    return compute_logits
+
+
+BIASED = 7
+LEAKED_BIAS = 3.0
+
+
+def stop_checked_per_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The stop check runs once per step, on its last token: an accepted run crossing `max_tokens`
+    keeps its extra tokens, and an EOS inside an accepted run is followed by more."""
+    from vllm.v1.core.sched.utils import check_stop
+
+    def update(self: Any, request: Any, new_token_ids: list[int], is_stale: bool = False) -> tuple[list[int], bool]:
+        for token in new_token_ids:
+            request.append_output_token_ids(token)
+        return new_token_ids, bool(new_token_ids) and check_stop(request, self.max_model_len)
+
+    return update
+
+
+SELF_DRAFT = "--method self-draft --k 5"  # every draft accepted: multi-token steps cross max_tokens and EOS
+
 MUTANTS: tuple[VllmMutant, ...] = (
     VllmMutant(
         "positions-after-rejection",
@@ -285,6 +325,29 @@ MUTANTS: tuple[VllmMutant, ...] = (
         "kv-overwritten",
         True,
         zeroes_live_block,
+    ),
+    VllmMutant(
+        "leaked-logit-bias",
+        "a request's logit bias leaks to its batch neighbours: vLLM samples from logits favouring one token",
+        f"{LLAMA}.compute_logits",
+        "greedy-commit",
+        True,
+        leaked_logit_bias,
+        kv_visible=False,  # what was committed is fed consistently
+        workload="--method ngram --k 3",
+        weakness="the target's prediction taken from the logits vLLM samples",
+    ),
+    VllmMutant(
+        "stop-checked-per-step",
+        "the stop check runs once per step: tokens past max_tokens and after an EOS inside an accepted run",
+        f"{SCHEDULER}._update_request_with_output",
+        "max-new-tokens",
+        True,
+        stop_checked_per_step,
+        kv_visible=False,
+        check="contract",
+        workload=SELF_DRAFT,
+        weakness="the white box did not judge outputs (length, stop)",
     ),
 )
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +14,24 @@ from hypothesis import settings
 # suite property (decorated without settings of its own) gets none, as it would under the suite.
 settings.register_profile("specaudit-tests", deadline=None)
 settings.load_profile("specaudit-tests")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On an xdist worker, one torch thread here and in the interpreters tests start (the CLI,
+    pytester's suite runs): the workers already take the cores, and each subprocess's OpenMP
+    threads would spin against them. A value set by the user is kept."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that runs pytest in a fresh interpreter (`pytester`: the suite, the plugin) is slow:
+    each start imports torch and transformers and draws its cases anew. `make test-fast` leaves
+    them out; `make test` runs them."""
+    for item in items:
+        if "pytester" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,11 @@
 """The layers of docs/design.md, kept: no module imports from a layer above its own.
 
-Evidence flows one way, from the models up through running, checks and search to the artifacts
-and commands; a module that reaches upward (imports inside functions included) would let a
-lower concern depend on how results are reported or driven. Every module must be placed: a new
-one without a layer fails here until it is given one.
+Evidence flows one way, from the models up through running and checks to the artifacts (formats),
+search, the adapters, the audits that drive them all, and the commands; a module that reaches
+upward (imports inside functions included) would let a lower concern depend on how results are
+reported or driven. Every module must be placed: a new one without a layer fails here until it
+is given one. The artifacts are formats only: besides the layers, they import nothing from
+search, running or the adapters (`ARTIFACTS_NEVER_IMPORT`).
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
         ("numerics", "numerics"),
         ("running and observing", "running"),
         ("checks", "checks"),
+        ("artifacts (formats)", "artifacts"),
         ("search and minimization", "search"),
-        ("subjects and artifacts", "artifacts adapters"),
+        ("adapters", "adapters"),
+        ("audits", "audits"),
         ("commands", "commands __main__ properties"),
         ("public API", " ".join(["__init__", *(old.removeprefix("specaudit.") for old in MODULES)])),
     )
@@ -170,3 +174,48 @@ def test_the_model_run_check_sees_one(tmp_path: Path) -> None:
 
 def layer_index(name: str) -> int:
     return next(i for i, (layer, _) in enumerate(LAYERS) if layer == name)
+
+
+ARTIFACTS_NEVER_IMPORT = frozenset({"search", "running", "adapters"})
+"""What the formats (reproducer envelope, report, JUnit, tables) may not import, at any depth and
+for type hints too: a format that ran a model, a search or an engine could not be read back
+without them. The layer order already says search and adapters; running sits below, so it is
+named here."""
+
+
+def format_reaches(path: Path) -> Iterator[tuple[str, int]]:
+    """(imported name, line) for each import of a module under `ARTIFACTS_NEVER_IMPORT`."""
+    for name, line in imported(path):
+        if name.split(".")[0] in ARTIFACTS_NEVER_IMPORT:
+            yield name, line
+
+
+def test_the_artifacts_are_formats_only() -> None:
+    found = [
+        f"{module} imports {name} at line {line}"
+        for module, path in modules()
+        if layer_of(module) == layer_index("artifacts (formats)")
+        for name, line in format_reaches(path)
+    ]
+    assert not found, "artifacts that reach search, running or an adapter (formats only):\n" + "\n".join(found)
+
+
+def test_the_formats_check_sees_a_run(tmp_path: Path) -> None:
+    """The negative control: a report module importing the runner (even for a hint) is reported,
+    and the old path left at `artifacts/audit.py` (a forward, placed with the public API) is not a format."""
+    path = tmp_path / "report.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from specaudit.running.runner import Run\n"
+        "from specaudit.checks.coverage import Coverage\n"
+    )
+    assert list(format_reaches(path)) == [("running.runner.Run", 3)]
+    assert layer_of("artifacts.report") == layer_index("artifacts (formats)")
+    assert layer_of("artifacts.audit") == layer_index("public API")
+
+
+def test_the_layer_order() -> None:
+    """foundation < settings < models < numerics < running < checks < artifacts < search < adapters
+    < audits < commands < public API."""
+    order = ["contracts", "config", "models", "numerics", "running", "checks", "artifacts", "search", "adapters"]
+    order += ["audits", "commands", "__init__"]
+    assert [layer_of(name) for name in order] == list(range(len(LAYERS))), [layer_of(name) for name in order]

@@ -5,6 +5,8 @@ paths with a DeprecationWarning; the exit-code constants are what the command li
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import re
 import subprocess
 import sys
@@ -77,14 +79,85 @@ def test_every_public_name_imports() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.mark.slow  # one interpreter per home module: about 5 s each
-@pytest.mark.parametrize("module", sorted({home.partition(":")[0] for home in specaudit._PUBLIC.values()}))
-def test_each_home_module_imports_first(module: str) -> None:
+HOMES = sorted({home.partition(":")[0] for home in specaudit._PUBLIC.values()})
+
+FORKED_IMPORTS = """
+    import importlib, json, os, sys, traceback
+    import specaudit
+
+    def imported(names):
+        # the forked child's whole work: the home's names through `specaudit`, first thing
+        try:
+            for name in names:
+                getattr(specaudit, name)
+            return ""
+        except BaseException:
+            return traceback.format_exc()[-3000:]
+
+    def in_child(work):
+        # `work()` in a forked copy of this interpreter: its error text, "" if none
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            os.write(write, work().encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            text = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        return text or ("" if status == 0 else f"child exited with status {status}")
+
+    def third_party(names):
+        # the modules outside specaudit that importing every home pulls in
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            imported(names)
+            os.write(write, json.dumps([m for m in sys.modules if not m.startswith("specaudit")]).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            modules = json.loads(pipe.read())
+        os.waitpid(pid, 0)
+        return modules
+
+    homes = json.loads(sys.argv[1])
+    for module in third_party([n for names in homes.values() for n in names]):
+        try:
+            importlib.import_module(module)
+        except BaseException:
+            pass
+    loaded = sorted(m for m in sys.modules if m.startswith("specaudit"))
+    assert loaded == ["specaudit"], loaded
+    print(json.dumps({module: in_child(lambda: imported(names)) for module, names in homes.items()}))
+"""
+"""One interpreter for all homes: it imports the third-party modules they need (torch,
+transformers: most of an interpreter's start) but no specaudit module, then forks one child per
+home, which imports it first thing (one fresh interpreter per home took about 5 s each)."""
+
+
+@pytest.fixture(scope="module")
+def home_imports() -> dict[str, str]:
+    """Each home module's import error text in its own forked interpreter ("" where it imported)."""
+    homes = {m: [n for n, where in specaudit._PUBLIC.items() if where.startswith(f"{m}:")] for m in HOMES}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FORKED_IMPORTS), json.dumps(homes)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("module", HOMES)
+def test_each_home_module_imports_first(module: str, home_imports: dict[str, str]) -> None:
     """A public name's home imported first thing in its own interpreter: no import cycle hides
     behind the order in which other names happened to be imported."""
-    names = [name for name, where in specaudit._PUBLIC.items() if where.startswith(f"{module}:")]
-    done = python(f"import specaudit\nfor name in {names!r}: getattr(specaudit, name)")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert home_imports[module] == "", f"importing {module} first: {home_imports[module]}"
 
 
 @pytest.mark.parametrize("name", specaudit.__all__)
@@ -130,13 +203,19 @@ def test_a_documented_alias_imports_with_a_warning(name: str, alias: str, monkey
 
 
 def test_every_moved_path_is_documented_and_has_its_file() -> None:
-    """Each old module of `specaudit._moved` is a file at its old place and a row of docs/api.md;
-    each moved name's old module is named there too."""
+    """Each old module of `specaudit._moved` is a file at its old place (the package root, or a
+    subpackage a module left: `specaudit.artifacts.audit`) and a row of docs/api.md; each moved
+    name's old module is named there too."""
     text = API_DOC.read_text()
     missing = [old for old in MODULES if f"| `{old}` |" not in text]
     missing += [old for old in NAMES if f"`{old.rpartition('.')[0]}." not in text]
     assert not missing, f"not in docs/api.md: {missing}"
-    files = {f"specaudit.{p.stem}" for p in Path(specaudit.__file__).parent.glob("*.py") if "_alias(" in p.read_text()}
+    package = Path(specaudit.__file__).parent
+    files = {
+        "specaudit." + ".".join(p.relative_to(package).with_suffix("").parts)
+        for p in package.rglob("*.py")
+        if "_alias(" in p.read_text()
+    }
     assert files == set(MODULES), files ^ set(MODULES)
 
 
@@ -222,6 +301,25 @@ def test_regression_tests_written_before_the_move_still_run(monkeypatch: pytest.
         exec(OLD_REGRESSION_TEST_IMPORTS, {})
     warned = [str(w.message).split()[0] for w in seen if issubclass(w.category, DeprecationWarning)]
     assert warned == old, warned
+
+
+REGRESSION_TEST_IMPORTS_BEFORE_AUDITS = """
+from specaudit.artifacts.reproducer import remember_failure
+from specaudit.artifacts.reproducer import remember_engine_failure
+"""
+"""The imports of the regression tests specaudit wrote before the audits layer (issue 26): the
+pytest notes then lived in the reproducer module, which is now the envelope format only."""
+
+
+def test_regression_tests_written_before_the_audits_layer_still_run() -> None:
+    """Their imports resolve to the notes' new home, warning with it."""
+    from specaudit.commands import pytest_notes
+
+    names: dict[str, object] = {}
+    with pytest.warns(DeprecationWarning, match=r"specaudit\.commands\.pytest_notes\.remember_") as seen:
+        exec(REGRESSION_TEST_IMPORTS_BEFORE_AUDITS, names)
+    assert names["remember_failure"] is pytest_notes.remember_failure and len(seen) == 2
+    assert names["remember_engine_failure"] is pytest_notes.remember_engine_failure
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,6 +14,13 @@ An engine is anything with
 returning per prompt, in order, the new tokens only, ending at the first EOS (included) or
 at max_new_tokens. docs/vllm_example.md wraps a vLLM `LLM` this way; `DecoderEngine` wraps
 any decoder of the decoder contract and is the in-process reference used by the tests.
+
+The batch is judged by the registry's black-box checks (`evaluate(BLACK_BOX, ...)`: contract,
+equivalence, liveness over a `running.record.Record`), as `engine_blackbox.judge_answers` judges
+a staggered run. A failure's signature comes from re-running the diverging prompt alone:
+`bonus` when it is wrong alone too, `batch-only` (the registry's signature for an output-level
+subject, `checks.registry.SIGNATURES`) when it is right alone: a batch-dependent error that the
+output level cannot place (a position, alignment or K/V error inside the engine).
 """
 
 from __future__ import annotations
@@ -24,14 +31,15 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from specaudit.checks import Equivalence, RowEquivalence, check_contract, check_equivalence, equivalence
+from specaudit.checks import Equivalence, RowEquivalence
+from specaudit.checks.outputs import OutputEvidence, compared
+from specaudit.checks.registry import BLACK_BOX, evaluate
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import ContractError, instantiate, load_decoder, validate_output
 from specaudit.contracts.violation import Violation, render
 from specaudit.numerics.tolerance import DTYPES
-from specaudit.reference.oracle import OracleResult, answer_oracles
-from specaudit.running.instrument import Recording
-from specaudit.running.runner import Run
+from specaudit.reference.oracle import OracleResult, answer_oracles, greedy_oracle
+from specaudit.running.record import Entry, Record
 
 
 @runtime_checkable
@@ -61,7 +69,7 @@ class BlackBoxResult:
     case: Case  # the batch as plain data (model "external:...", no acceptance schedule)
     outputs: tuple[tuple[int, ...], ...] | None  # None: the engine broke the output contract
     rows: tuple[RowEquivalence, ...]
-    violations: tuple[Violation, ...]  # "contract" or "equivalence" only
+    violations: tuple[Violation, ...]  # the registry's black-box checks: contract, equivalence, liveness
     signature: str | None  # for a failure: "bonus", "batch-only", "bookkeeping" or "contract"
     reason: str
     seconds: float  # engine wall time for the batch
@@ -183,24 +191,10 @@ def audit_blackbox(
         answers = [tuple(o) for o in outputs] if outputs is not None else [() for _ in prompts_t]
         oracle = answer_oracles(target, [(p, a, max_new_tokens) for p, a in zip(prompts_t, answers)], eos_token_id)
     oracle_seconds = time.perf_counter() - start
-    run = Run(
-        case=case,
-        decoder=label,
-        outputs=outputs,
-        error=error,
-        oracle=list(oracle),
-        scripts=[],
-        recording=Recording(),
-        target=target,
-        seconds=seconds,
-        instance=engine,
-    )
-    if outputs is None:
-        violations, rows = check_contract(run), ()
-    else:
-        rows = equivalence(run).rows
-        violations = check_equivalence(run)
-    signature, reason = _signature(engine, run, rows, violations)
+    evidence = batch_evidence(target, case, outputs, list(oracle), error)
+    violations = evaluate(BLACK_BOX, evidence).violations
+    rows = tuple(compared(evidence).values()) if outputs is not None else ()
+    signature, reason = _signature(engine, case, rows, violations)
     return BlackBoxResult(
         label,
         case,
@@ -214,8 +208,31 @@ def audit_blackbox(
     )
 
 
+def batch_evidence(
+    target: torch.nn.Module,
+    case: Case,
+    outputs: list[list[int]] | None,
+    oracle: list[OracleResult],
+    error: ContractError | None,
+) -> OutputEvidence:
+    """One batch as the registry's black-box evidence: each prompt a request of the record, its
+    ties judged by the oracle's margin at the case's dtype and re-synced on the target."""
+    eos = case.eos_token_id
+    record = Record(case.model, "blackbox", "calls", eos)
+    for r, prompt in enumerate(case.prompts):
+        tokens = list(outputs[r]) if outputs is not None else []
+        record.admit(Entry(r, prompt, case.max_new_tokens, oracle[r], tokens, 0, 0))
+
+    def oracle_from(prefix: tuple[int, ...], n: int) -> OracleResult:
+        with torch.no_grad():
+            return greedy_oracle(target, prefix, max_new_tokens=n, eos_token_id=eos)
+
+    errors: dict[int | None, Violation] = {} if error is None else {None: error.violation()}
+    return OutputEvidence(record, case.dtype, oracle_from, errors)
+
+
 def _signature(
-    engine: BlackBoxEngine, run: Run, rows: tuple[RowEquivalence, ...], violations: list[Violation]
+    engine: BlackBoxEngine, case: Case, rows: tuple[RowEquivalence, ...], violations: list[Violation]
 ) -> tuple[str | None, str]:
     if not violations:
         ties = sum(len(r.ties) for r in rows)
@@ -225,15 +242,15 @@ def _signature(
     row = next(r for r in rows if not r.equivalent)
     if row.found[: len(row.reference)] == row.reference[: len(row.found)]:
         return "bookkeeping", f"row {row.row} stops at the wrong place ({row.found_stop} vs {row.expected_stop})"
-    if len(run.case.prompts) == 1:
+    if len(case.prompts) == 1:
         return "bonus", "the wrong token appears at batch size 1"
-    prompt = list(run.case.prompts[row.row])
+    prompt = list(case.prompts[row.row])
     try:
         alone = validate_output(
-            _call_engine(engine, [prompt], run.case.max_new_tokens, run.case.eos_token_id),
+            _call_engine(engine, [prompt], case.max_new_tokens, case.eos_token_id),
             1,
-            run.case.max_new_tokens,
-            run.case.eos_token_id,
+            case.max_new_tokens,
+            case.eos_token_id,
         )[0]
     except ContractError:
         return "batch-only", "the prompt alone could not be re-run; the divergence shows in the batch"

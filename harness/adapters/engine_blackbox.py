@@ -38,7 +38,9 @@ from specaudit._moved import forward as _forward
 from specaudit.adapters.blackbox import dtype_name
 from specaudit.artifacts.report import entry
 from specaudit.checks.coverage import OUTPUTS, Coverage, coverage_of_answers
-from specaudit.checks.equivalence import RowEquivalence, compare_request, divergence, margin_witness
+from specaudit.checks.equivalence import RowEquivalence, divergence
+from specaudit.checks.outputs import OUTPUT_RULES, OutputEvidence, compared, token_violation
+from specaudit.checks.registry import BLACK_BOX, Evaluation, evaluate
 from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.violation import Violation
 from specaudit.reference.oracle import OracleResult, answer_oracles, greedy_oracle
@@ -54,9 +56,7 @@ RULES: dict[str, str] = {
     "http-status": "HTTP 200",
     "json-response": "a JSON completion object",
     "token-ids": "choices[0].token_ids, a list of int token ids (send return_token_ids)",
-    "token-count": "max_tokens tokens unless the output ends at EOS",
-    "max-new-tokens": "at most max_tokens new tokens",
-    "ends-at-eos": "nothing after the first EOS",
+    **OUTPUT_RULES,  # token-count, max-new-tokens, ends-at-eos: `checks.outputs`, shared with paged engines
     "generate-returns": "generate() returning one list of int token ids per prompt, without raising",
 }
 """Each output-contract rule of the black-box engine audit and what it wants."""
@@ -186,6 +186,7 @@ class EngineAuditResult:
     oracle_seconds: float
     evidence: str = EVIDENCE
     coverage: Coverage = Coverage(level=OUTPUTS)  # arrivals, requests in flight, longest output, EOS stops
+    evaluation: Evaluation | None = None  # the registry's checks of a black box (`evaluate(BLACK_BOX, ...)`)
 
     @property
     def errors(self) -> list[int]:
@@ -197,7 +198,9 @@ class EngineAuditResult:
 
     @property
     def passed(self) -> bool:
-        return self.engine_error is None and not self.errors and not self.diverged
+        """No request broke the output contract or diverged, and the registry's checks agree."""
+        agreed = self.evaluation is None or self.evaluation.passed
+        return self.engine_error is None and not self.errors and not self.diverged and agreed
 
     @property
     def violations(self) -> list[Violation]:
@@ -365,19 +368,27 @@ def oracles(
     return {r.id: result for r, result in zip(requests, found)}, time.perf_counter() - start
 
 
-def compare(
-    target: torch.nn.Module, entry: Entry, eos_token_id: int | None, dtype: str
-) -> tuple[RowEquivalence, Violation | None]:
-    """The tie-aware comparison every subject's request gets (`checks.equivalence.compare_request`),
-    ties judged by the oracle's margin against the dtype's rounding tolerance."""
-    with torch.no_grad():
-        row = compare_request(
-            entry,
-            eos_token_id,
-            lambda prefix, index, found, want, margin: margin_witness(index, margin, dtype),
-            lambda prefix, n: greedy_oracle(target, prefix, max_new_tokens=n, eos_token_id=eos_token_id),
-        )
-    return row, None if row.equivalent else divergence(row)
+def answers_evidence(
+    target: torch.nn.Module, record: Record, answers: dict[int, Answer], engine_error: Violation | None, dtype: str
+) -> OutputEvidence:
+    """The black box's evidence for the registry (`evaluate(BLACK_BOX, ...)`): its record, the
+    output-contract breaks the transport found (per request, the engine's under None), ties judged
+    by the oracle's margin against the dtype's rounding tolerance and re-synced on the target."""
+    eos = record.eos_token_id
+
+    def oracle_from(prefix: tuple[int, ...], n: int) -> OracleResult:
+        with torch.no_grad():
+            return greedy_oracle(target, prefix, max_new_tokens=n, eos_token_id=eos)
+
+    errors: dict[int | None, Violation] = {r: a.error for r, a in answers.items() if a.error is not None}
+    errors.update({r: missing(r) for r, a in answers.items() if a.error is None and a.tokens is None})
+    if engine_error is not None:
+        errors[None] = engine_error
+    return OutputEvidence(record, dtype, oracle_from, errors)
+
+
+def missing(request: int) -> Violation:
+    return contract_violation("responds", "no answer and no error for the request", request)
 
 
 def overlaps(spans: dict[int, tuple[float | None, float | None]]) -> dict[int, bool]:
@@ -425,31 +436,24 @@ def judge_answers(
     for r in requests:
         a = answers[r.id]
         record.admit(Entry(r.id, r.prompt, r.max_new_tokens, oracle[r.id], list(a.tokens or ()), a.start, a.end))
+    evidence = answers_evidence(target, record, answers, engine_error, dtype)
+    evaluation = evaluate(BLACK_BOX, evidence)
+    rows = compared(evidence)  # the equivalence check's comparison (made here too if a contract break skipped it)
     flags = overlaps({r.id: (answers[r.id].start, answers[r.id].end) for r in requests})
     outcomes = []
     for r in requests:
-        a = answers[r.id]
-        row = violation = None
-        if a.error is None and a.tokens is not None:
-            row, violation = compare(target, record.entries[r.id], eos_token_id, dtype)
+        a, row = answers[r.id], rows.get(r.id)
+        violation = None if row is None or row.equivalent else divergence(row)
         outcomes.append(RequestOutcome(r, a.tokens, a.error, row, violation, a.start, a.end, flags[r.id], a.note))
     covered = coverage_of_answers(record)
-    return EngineAuditResult(label, transport, tuple(outcomes), engine_error, seconds, oracle_seconds, coverage=covered)
+    return EngineAuditResult(label, transport, tuple(outcomes), engine_error, seconds, oracle_seconds, coverage=covered,
+                             evaluation=evaluation)  # fmt: skip
 
 
 def check_tokens(request: Request, tokens: list[int], eos_token_id: int | None) -> Violation | None:
-    """The length and EOS rules on one request's tokens."""
-    if len(tokens) > request.max_new_tokens:
-        found = f"{len(tokens)} tokens for max_tokens {request.max_new_tokens}"
-        return contract_violation("max-new-tokens", found, request.id, {"tokens": len(tokens)})
-    if eos_token_id is not None and eos_token_id in tokens[:-1]:
-        index = tokens.index(eos_token_id)
-        return contract_violation("ends-at-eos", f"tokens going on after EOS at index {index}", request.id)
-    ends = eos_token_id is not None and bool(tokens) and tokens[-1] == eos_token_id
-    if len(tokens) < request.max_new_tokens and not ends:
-        found = f"{len(tokens)} tokens for max_tokens {request.max_new_tokens}, not ending at EOS"
-        return contract_violation("token-count", found, request.id, {"tokens": len(tokens)})
-    return None
+    """The length and EOS rules on one request's tokens (`checks.outputs.token_violation`, the
+    registry's contract on a black box's or a paged engine's record)."""
+    return token_violation(request.id, tokens, request.max_new_tokens, eos_token_id)
 
 
 __all__ = [

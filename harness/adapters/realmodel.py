@@ -37,7 +37,7 @@ from specaudit.checks import check_i1, check_i2
 from specaudit.checks.diagnosis import Diagnosis, diagnose
 from specaudit.config.settings import DEFAULT_CHECK_RATE
 from specaudit.contracts.case import Case
-from specaudit.contracts.decoder import Watchdog, load_decoder
+from specaudit.contracts.decoder import load_decoder
 from specaudit.fixtures.transparent import RequestScript
 from specaudit.models.compat import cache_keyword
 from specaudit.models.loading import RealModelError, special_ids, tokenize
@@ -45,6 +45,7 @@ from specaudit.numerics.calibration import NoiseFloor
 from specaudit.numerics.tolerance import DTYPES
 from specaudit.reference.oracle import OracleResult, greedy_oracle
 from specaudit.running.runner import Run, guarded_call, synchronize
+from specaudit.running.watchdog import Watchdog
 
 # ---------------------------------------------------------------------------------------
 # Sampling and devices

@@ -51,7 +51,7 @@ from specaudit.adapters.engine_blackbox import (
     make_requests,
     seeded_arrivals,
 )
-from specaudit.checks.liveness import Ledger, unfinished
+from specaudit.checks.liveness import WaitLedger, unfinished
 from specaudit.contracts.decoder import ContractError, DecoderTimeout, time_limit, validate_output
 from specaudit.contracts.engine import ENGINE_METHODS, EngineBook
 from specaudit.contracts.violation import Violation
@@ -313,7 +313,7 @@ def unfinished_requests(
 ) -> dict[int, Violation]:
     """'request-finishes' over a ledger of the run (`checks.liveness`), as a white-box engine's or a
     decoder's requests are judged: each request not done within the `budget` of steps."""
-    ledger = Ledger("steps", None, "max_wait_steps")
+    ledger = WaitLedger("steps", None, "max_wait_steps")
     for r in requests:
         tenure = ledger.tenure(r.id, r.max_new_tokens)
         state = book.requests.get(r.id)

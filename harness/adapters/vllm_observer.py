@@ -18,8 +18,13 @@ Hooks on vLLM's own target model (reached through the in-process engine core, so
 - pre-hooks on a few attention layers keep the K/V (after RoPE) each token is about to have
   written (`written_kv`), for the comparison with a batch-size-1 run (`hf_kv_reference`);
 - a forward hook takes the block copies, and the target's greedy token after every packed
-  token (its own lm head over the forward's hidden states), so committed tokens can be
-  checked against greedy acceptance.
+  token, computed here as the argmax of the hidden states times the lm head's weight (never
+  the logits vLLM chose to sample, nor its `compute_logits`), so committed tokens can be
+  checked against greedy acceptance;
+- the scheduler's output of every step names the requests it preempted: a preempted request
+  gives its blocks back and is recomputed from position 0 when resumed, so the trace shows each
+  stretch between preemptions as a request of its own (`incarnations`): `a` until its
+  preemption, then `a~1`, whose prompt is everything `a` had committed, and so on.
 
 vLLM is imported lazily: this module imports without it.
 """
@@ -27,7 +32,7 @@ vLLM is imported lazily: this module imports without it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -35,6 +40,7 @@ import torch
 from specaudit.running.paged import PagedCall, PagedTrace
 
 IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
+RESUMED = "~"  # `a~1`: request `a` after its first preemption (recomputed from position 0)
 
 
 @dataclass
@@ -63,13 +69,64 @@ def hf_kv_reference(directory: str, layers: Sequence[int]) -> Any:
     return entries
 
 
-def in_process_runner(llm: Any) -> Any:
-    """The model runner of an `LLM` whose engine core runs in this process."""
-    client = llm.llm_engine.engine_core
-    core = getattr(client, "engine_core", None)
+def in_process_core(llm: Any) -> Any:
+    """The engine core of an `LLM` whose engine core runs in this process."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
     if core is None:
         raise RuntimeError(f"the engine core runs in another process: set {IN_PROCESS}=0 before building the LLM")
-    return core.model_executor.driver_worker.worker.model_runner
+    return core
+
+
+def in_process_runner(llm: Any) -> Any:
+    """The model runner of an `LLM` whose engine core runs in this process."""
+    return in_process_core(llm).model_executor.driver_worker.worker.model_runner
+
+
+def incarnations(trace: PagedTrace, preempted: dict[str, Sequence[int]]) -> PagedTrace:
+    """The trace with each preempted request split where vLLM preempted it: `a` leaves after the
+    step before its preemption (its blocks are given back), and `a~k` arrives then, with a
+    prompt of everything `a` had committed and the tokens committed after it as its outputs.
+    Preemption and recomputation are the engine's right; followed this way, every paged rule
+    holds across them (the checks need not know)."""
+    starts = {r: sorted(set(steps)) for r, steps in preempted.items() if steps and r in trace.prompts}
+    if not starts:
+        return trace
+    prompts, arrivals, left = {}, dict(trace.arrivals), dict(trace.left)
+    bases: dict[str, list[tuple[str, int, int]]] = {}  # request -> (name, first step, outputs before it)
+    for r, prompt in trace.prompts.items():
+        prompts[r] = prompt
+        bases[r] = [(r, 1, 0)]
+        for k, step in enumerate(starts.get(r, ()), start=1):
+            before = trace.commits[step - 2].get(r, ()) if step >= 2 else ()
+            name = f"{r}{RESUMED}{k}"
+            left[bases[r][-1][0]] = step - 1
+            prompts[name], arrivals[name] = prompt + before, step - 1
+            bases[r].append((name, step, len(before)))
+        if len(bases[r]) > 1 and r in trace.left:
+            left[bases[r][-1][0]] = trace.left[r]
+    aborted = frozenset(bases[r][-1][0] if r in bases else r for r in trace.aborted)
+    commits = tuple(split_commits(after, u, bases) for u, after in enumerate(trace.commits, start=1))
+    calls = tuple(replace(c, request_ids=tuple(named(r, c.step, bases) for r in c.request_ids)) for c in trace.calls)
+    return replace(trace, calls=calls, prompts=prompts, arrivals=arrivals, left=left, aborted=aborted, commits=commits)
+
+
+def named(request: str, step: int, bases: dict[str, list[tuple[str, int, int]]]) -> str:
+    """The incarnation of `request` that runs in `step`."""
+    return [name for name, first, _ in bases.get(request, [(request, 1, 0)]) if first <= step][-1]
+
+
+def split_commits(
+    after: dict[str, tuple[int, ...]], step: int, bases: dict[str, list[tuple[str, int, int]]]
+) -> dict[str, tuple[int, ...]]:
+    """What each incarnation had committed after `step`: its share of the request's outputs."""
+    out: dict[str, tuple[int, ...]] = {}
+    for r, tokens in after.items():
+        parts = bases.get(r, [(r, 1, 0)])
+        for k, (name, first, base) in enumerate(parts):
+            if first - 1 <= step:
+                end = parts[k + 1][2] if k + 1 < len(parts) else len(tokens)
+                out[name] = tokens[base:end]
+    return out
 
 
 def attention_layers(model: torch.nn.Module) -> list[Any]:
@@ -99,7 +156,11 @@ class VllmObserver:
         self.aborted: set[str] = set()
         self.outputs: dict[str, tuple[int, ...]] = {}
         self.commits: list[dict[str, tuple[int, ...]]] = []
+        self.finish: dict[str, str | None] = {}  # request -> vLLM's finish reason ("stop", "length", "abort")
+        self.preempted: dict[str, list[int]] = {}  # request -> the steps whose scheduling preempted it
         self.external: dict[str, str] = {}  # vLLM's internal request id -> the caller's
+        self.scheduler = in_process_core(llm).scheduler
+        self.scheduler.schedule = self._schedule  # an instance attribute over vLLM's own method, removed by close
         self.pending: dict[str, Any] = {}  # the call being recorded, completed by the post-hook
         self.handles = [
             self.model.register_forward_pre_hook(self._before, with_kwargs=True),
@@ -130,8 +191,16 @@ class VllmObserver:
             self.outputs[out.request_id] = tuple(int(t) for t in out.outputs[0].token_ids)
             if out.finished:
                 self.left.setdefault(out.request_id, step)
+                self.finish[out.request_id] = out.outputs[0].finish_reason
         self.commits.append(dict(self.outputs))
         return outputs
+
+    def _schedule(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's own scheduling, and the requests it preempted for this step, read from its output."""
+        output = type(self.scheduler).schedule(self.scheduler, *args, **kwargs)
+        for internal in getattr(output, "preempted_req_ids", None) or ():
+            self.preempted.setdefault(self.external.get(internal, internal), []).append(len(self.commits) + 1)
+        return output
 
     def run(
         self,
@@ -158,6 +227,7 @@ class VllmObserver:
         """Remove the hooks and abort what is still running (the engine can be reused)."""
         for handle in self.handles:
             handle.remove()
+        self.scheduler.__dict__.pop("schedule", None)
         running = [r for r in self.prompts if r not in self.left]
         if running:
             self.engine.abort_request(running)
@@ -165,6 +235,11 @@ class VllmObserver:
                 self.engine.step()
 
     def trace(self) -> PagedTrace:
+        """The run as the paged checks read it: preempted requests split into incarnations."""
+        return incarnations(self.raw_trace(), self.preempted)
+
+    def raw_trace(self) -> PagedTrace:
+        """The run by the caller's request ids, preemptions not followed."""
         return PagedTrace(
             tuple(self.calls),
             dict(self.prompts),
@@ -198,6 +273,18 @@ class VllmObserver:
         kernel's interior layout is its own, so blocks are compared whole, never read per slot)."""
         assert self.shadow is not None
         return torch.stack([self._cache(layer)[blocks] for layer in self.shadow.layers], dim=1).detach().clone()
+
+    def _argmax(self, module: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """[N] the target's argmax after every packed token, from the hidden states [N, H] and the
+        lm head's weight [V, H] (padding rows past the vocabulary cut off): computed here, not
+        taken from the logits vLLM samples, so a fault in what the engine samples shows."""
+        weight = getattr(getattr(module, "lm_head", None), "weight", None)
+        with torch.no_grad():
+            if weight is None or weight.shape[-1] != hidden.shape[-1]:
+                return module.compute_logits(hidden).argmax(-1).cpu().long()  # a model without a plain lm head
+            vocab = int(self.runner.model_config.get_vocab_size())
+            logits = hidden.float() @ weight[:vocab].float().T  # [N, V]
+        return logits.argmax(-1).cpu().long()
 
     def _before(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         metadata = self._metadata()
@@ -274,9 +361,7 @@ class VllmObserver:
             return
         hidden = output[0] if isinstance(output, tuple) else output
         n = p["input_ids"].shape[0]
-        with torch.no_grad():
-            logits = module.compute_logits(hidden[:n])  # [N, V]
-        p["greedy"] = logits.argmax(-1).cpu().long()  # [N]
+        p["greedy"] = self._argmax(module, hidden[:n])  # [N]
         if self.shadow is not None:
             slots = p["slot_mapping"]
             blocks = torch.unique(slots[slots >= 0] // p["block_size"])
@@ -321,16 +406,17 @@ def staggered(
         observer.close()
 
 
-def build_llm(model: str, speculative: dict[str, Any], block_size: int = 32) -> Any:
-    """An in-process float32 `vllm.LLM` with the settings the observer is tested under."""
+def build_llm(model: str, speculative: dict[str, Any] | None, block_size: int = 32, **engine: Any) -> Any:
+    """An in-process float32 `vllm.LLM` with the settings the observer is tested under; `engine`
+    overrides vLLM's engine arguments (`max_model_len`, `enable_prefix_caching`,
+    `max_num_batched_tokens`, `num_gpu_blocks_override`)."""
     import os
 
     os.environ.setdefault(IN_PROCESS, "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
-    return LLM(
-        model=model,
+    settings: dict[str, Any] = dict(
         skip_tokenizer_init=True,
         dtype="float32",
         max_model_len=512,
@@ -341,3 +427,4 @@ def build_llm(model: str, speculative: dict[str, Any], block_size: int = 32) -> 
         enable_prefix_caching=False,
         speculative_config=speculative,
     )
+    return LLM(model=model, **(settings | engine))

@@ -1,4 +1,4 @@
-"""Every failure leaves a reproducer on disk: the one writer and loader of reproducers.
+"""The reproducer envelope: one file format for every kind of failure, written, read, checked, upgraded.
 
 A reproducer `DIR/<name>.json` is one envelope for every kind of failure:
 
@@ -15,34 +15,34 @@ A reproducer `DIR/<name>.json` is one envelope for every kind of failure:
 
 `load_reproducer` reads the envelope and upgrades the four formats written before it (a
 versioned case file, an engine file with "ops", a `"kind": "specaudit-blackbox"` file, a case
-on `external:` models); `specaudit.commands.replay.replay` runs any kind again (`specaudit replay FILE`). With a decoder
-case or an engine's rules, `DIR/test_regression_<name>.py` embeds the payload in a
-self-contained pytest file. The audit, the gate, `specaudit minimize`, real-model mode, the
-black box and the pytest plugin all write through here. A failing property notes its record on
-its own pytest item (`remember_failure`, `remember_engine_failure`), where the plugin finds it.
+on `external:` models); `validate` says what a payload lacks, naming the file. A format only:
+this module runs nothing (`tests/test_layers.py` holds it to that). Elsewhere:
+
+- running a reproducer again, any kind: `specaudit.commands.replay` (`specaudit replay FILE`);
+- the regression test written beside a decoder case or an engine's rules, and the writers that
+  pair it with the reproducer (`write_failure`, `write_engine_failure`): `specaudit.audits.regression`;
+- a failing property's record noted on its pytest item for the plugin (`remember_failure`,
+  `remember_engine_failure`): `specaudit.commands.pytest_notes`.
+
+Those names were here before; their old path still resolves, with a DeprecationWarning
+(`specaudit._moved`), so regression tests written by older versions keep running.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import pprint
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specaudit._moved import forward as _forward
 from specaudit.checks.diagnosis import Diagnosis, Finding
-from specaudit.checks.registry import all_violations
 from specaudit.contracts.builtins import MODELS, check_model
 from specaudit.contracts.case import CASE_FORMAT, ENVELOPE_FORMAT, Case, CaseFormatError
-from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.errors import UsageError
-from specaudit.contracts.item import FAILURE
-from specaudit.contracts.violation import Violation, render
-from specaudit.running.runner import Run, run_case
-from specaudit.search.engine_replay import diagnose_engine
-from specaudit.search.engine_replay import replay as replay_rules
+from specaudit.contracts.violation import Violation
 
 EVIDENCE_LIMIT = 20
 """Violations kept in a reproducer: the first ones name the bug; the rest repeat it."""
@@ -51,33 +51,6 @@ EVIDENCE_LIMIT = 20
 def failure_record(case: Case, decoder: str, violations: list[Violation] | tuple[Violation, ...]) -> dict[str, Any]:
     """What a reproducer holds: the case's JSON form, the decoder and the first violations."""
     return {"case": case.to_json(), "decoder": decoder, "evidence": [asdict(v) for v in violations[:EVIDENCE_LIMIT]]}
-
-
-def note_on_item(node: Any, record: dict[str, Any]) -> None:
-    """Keep `record` on the pytest item (`request.node`), replacing any earlier one: Hypothesis
-    replays the minimal example last, so the record a failed test ends with is its shrunk
-    counterexample. On the item, not in a global, so no test can pick up another's failure."""
-    node.stash[FAILURE] = record
-
-
-def remember_failure(run: Run, violations: list[Violation], node: Any = None) -> None:
-    """Note a failing run on its pytest item for the plugin (--specaudit-out, --specaudit-xfails).
-    Without `node` (regression tests written before failures travelled on the item) nothing is
-    noted: the test still fails, only no reproducer is written."""
-    if node is not None:
-        note_on_item(node, failure_record(run.case, run.decoder, violations))
-
-
-def remember_engine_failure(
-    reproducer: dict[str, Any], violations: list[Violation], node: Any, diagnosis: Finding | None = None
-) -> None:
-    """Note a failing engine rule sequence on its pytest item, as the engine reproducer
-    `specaudit replay FILE --engine X` reads (`engine_failure_record`), with its diagnosis, so the
-    file the plugin writes names the failure class as a decoder's does. Pass the failure's own
-    (`EngineFailure.diagnosis`, made once); without one it is made here from the violations."""
-    if diagnosis is None and violations:
-        diagnosis = diagnose_engine(violations, reproducer)
-    note_on_item(node, engine_failure_record(reproducer, violations, diagnosis))
 
 
 IDENTIFIER_LIMIT = 100
@@ -96,79 +69,9 @@ def identifier(text: str) -> str:
 def write_reproducer(directory: Path, name: str, failure: dict[str, Any]) -> Path:
     """`DIR/<name>.json` from a `failure_record`: a decoder-case reproducer (real-model when the
     case runs on `external:` models). A record's "signature", where its writer diagnosed it (the
-    pytest plugin, once, when it writes the file), goes in the evidence, as `write_failure`'s does."""
+    pytest plugin, once, when it writes the file), goes in the evidence, as
+    `specaudit.audits.regression.write_failure`'s does."""
     return save(directory, name, decoder_reproducer(failure, failure.get("signature")))
-
-
-_TEMPLATE = '''"""Regression test written by specaudit: a minimized failing case, embedded.
-
-Run it against a decoder with `pytest THIS_FILE --specaudit-decoder MODULE:ATTR`; without it the
-specaudit plugin runs it against the reference decoders, which pass it.
-"""
-
-# Failed by:     {decoder}
-# Failure class: first check {first_check}, signature {signature}
-# Minimized:     {summary}
-# Evidence when written:
-{evidence}
-
-from __future__ import annotations
-
-import pytest
-
-from specaudit.contracts.case import Case
-from specaudit.checks.registry import all_violations
-from specaudit.artifacts.reproducer import remember_failure
-from specaudit.contracts.violation import explain
-from specaudit.running.runner import run_case
-
-pytestmark = pytest.mark.specaudit
-
-CASE = {case}
-
-
-def test_regression_{name}(specaudit_decoder: str, request: pytest.FixtureRequest) -> None:
-    """The minimized case passes every check of the registry (specaudit.checks.registry.CHECKS)."""
-    case = Case.from_json(CASE)
-    run = run_case(specaudit_decoder, case)
-    violations = all_violations(run)
-    if violations:
-        remember_failure(run, violations, request.node)  # the plugin writes it to --specaudit-out
-    assert violations == [], explain(run, violations)
-'''
-
-
-def _comment(text: str) -> str:
-    return "\n".join(f"#   {line}" for line in text.splitlines()) or "#   (none)"
-
-
-def regression_test_source(diagnosis: Diagnosis, name: str, summary: str = "") -> str:
-    """A ready pytest file: `CASE` holds the case's JSON form as a Python literal; every
-    free-text part (decoder, evidence) sits in comments, so any text is safe to embed."""
-    return _TEMPLATE.format(
-        decoder=diagnosis.decoder.replace("\n", " "),
-        first_check=diagnosis.first_check,
-        signature=diagnosis.signature,
-        summary=summary.replace("\n", " ") or "-",
-        evidence=_comment(render(list(diagnosis.violations))),
-        case=pprint.pformat(diagnosis.case.to_json(), indent=1, width=100, sort_dicts=False),
-        name=identifier(name),
-    )
-
-
-def write_failure(
-    directory: Path, name: str, diagnosis: Diagnosis, summary: str = "", *, test: bool = True
-) -> list[Path]:
-    """The reproducer `DIR/<name>.json` and, with `test` (cases on the built-in models only),
-    the regression test `DIR/test_regression_<name>.py`; returns the paths written."""
-    name = identifier(name)
-    failure = failure_record(diagnosis.case, diagnosis.decoder, diagnosis.violations)
-    paths = [save(directory, name, decoder_reproducer(failure, diagnosis.signature))]
-    if test:
-        path = Path(directory) / f"test_regression_{name}.py"
-        path.write_text(regression_test_source(diagnosis, name, summary))
-        paths.append(path)
-    return paths
 
 
 # ---------------------------------------------------------------------------------------
@@ -178,7 +81,8 @@ ENGINE_KEYS = ("engine", "num_draft_tokens", "eos_token_id", "pad_token_id", "op
 ENGINE_MODEL_DEFAULT = "transparent"
 """The model of a reproducer without a "model" key (written before engines ran on tiny real models)."""
 ENGINE_OPS = {"add": ("id", "prompt", "max_new_tokens", "accept"), "step": (), "abort": ("id",), "drain": ()}
-"""Each rule of an engine reproducer and the fields it needs (`specaudit.search.engine_replay.replay`)."""
+"""Each rule of an engine reproducer and the fields it needs (`specaudit.search.engine_replay.replay`
+reads them)."""
 
 
 def engine_failure_record(
@@ -200,106 +104,9 @@ def engine_failure_record(
     return record
 
 
-_ENGINE_TEMPLATE = '''"""Regression test written by specaudit: a minimized failing engine rule sequence, embedded.
-
-Run it with `pytest THIS_FILE`: it replays the rules against the engine that failed them
-(below), so it fails until that engine is fixed; `SPECAUDIT_ENGINE=MODULE:ATTR pytest THIS_FILE`
-runs it against another engine (the reference engines pass it).
-"""
-
-# Failed by:     {engine}
-# Failure class: first check {first_check}, rule {rule}
-# Minimized:     {summary}
-# Evidence when written:
-{evidence}
-
-from __future__ import annotations
-
-import os
-
-import pytest
-
-from specaudit.search.engine_replay import replay
-from specaudit.artifacts.reproducer import remember_engine_failure
-from specaudit.contracts.violation import render
-
-pytestmark = pytest.mark.specaudit
-
-REPRODUCER = {reproducer}
-
-
-def test_regression_{name}(request: pytest.FixtureRequest) -> None:
-    """The engine passes every check of the engine state machine on these rules."""
-    engine = os.environ.get("SPECAUDIT_ENGINE") or REPRODUCER["engine"]
-    violations = replay(dict(REPRODUCER, engine=engine))
-    if violations:
-        remember_engine_failure(dict(REPRODUCER, engine=engine), violations, request.node)  # for --specaudit-out
-    assert violations == [], f"{{engine}} after {{len(REPRODUCER['ops'])}} rules:\\n{{render(violations)}}"
-'''
-
-
-def engine_regression_test_source(
-    reproducer: dict[str, Any], violations: list[Violation], name: str, summary: str = ""
-) -> str:
-    """A ready pytest file holding the rules as a Python literal; free text only in comments."""
-    first = violations[0] if violations else None
-    rules = {key: reproducer[key] for key in ENGINE_KEYS}
-    rules["model"] = reproducer.get("model", ENGINE_MODEL_DEFAULT)
-    return _ENGINE_TEMPLATE.format(
-        engine=str(reproducer["engine"]).replace("\n", " "),
-        first_check=first.check if first else "-",
-        rule=first.rule if first else "-",
-        summary=summary.replace("\n", " ") or "-",
-        evidence=_comment(render(violations)),
-        reproducer=pprint.pformat(rules, indent=1, width=100, sort_dicts=False),
-        name=identifier(name),
-    )
-
-
 def write_engine_reproducer(directory: Path, name: str, record: dict[str, Any]) -> Path:
     """`DIR/<name>.json` from an `engine_failure_record`: an engine-ops reproducer."""
     return save(directory, name, engine_reproducer(record))
-
-
-def write_engine_failure(
-    directory: Path,
-    name: str,
-    reproducer: dict[str, Any],
-    violations: list[Violation],
-    summary: str = "",
-    *,
-    test: bool = True,
-) -> list[Path]:
-    """`DIR/<name>.json` (replayable with `specaudit replay FILE --engine X`) and, with `test`,
-    `DIR/test_regression_<name>.py`; returns the paths written."""
-    name = identifier(name)
-    diagnosis = diagnose_engine(violations, reproducer) if violations else None
-    paths = [write_engine_reproducer(directory, name, engine_failure_record(reproducer, violations, diagnosis))]
-    if test:
-        test_path = Path(directory) / f"test_regression_{name}.py"
-        test_path.write_text(engine_regression_test_source(reproducer, violations, name, summary))
-        paths.append(test_path)
-    return paths
-
-
-def replay_failures(spec: str, case: Case, factory: Any = None, n: int = 5) -> int:
-    """How many of `n` fresh runs of `case` fail a check: 0 or n for a deterministic decoder.
-
-    Anything in between is a nondeterministic decoder; report it with the rate k/n.
-    """
-    factory = factory or load_decoder(spec)
-    return sum(bool(all_violations(run_case(spec, case, factory=factory))) for _ in range(n))
-
-
-def replay_engine_rules(reproducer: dict[str, Any]) -> list[Violation]:
-    """`specaudit.search.engine_replay.replay`, with an engine that does not build ('engine-builds')
-    reported as its violation rather than raised."""
-    from specaudit.contracts.decoder import ContractError
-
-    try:
-        return replay_rules(reproducer)
-    except ContractError as exc:
-        return [exc.violation()]
 
 
 # ---------------------------------------------------------------------------------------
@@ -312,6 +119,7 @@ KINDS = {
     "engine-ops": "an engine reproducer",
     "blackbox": "a black-box reproducer",
     "vllm-paged": "a vLLM white-box reproducer",
+    "transformers-cb": "a transformers continuous-batching reproducer",
 }
 """Each kind of reproducer, and how a message names it."""
 EXTERNAL = "external:"
@@ -491,6 +299,9 @@ def validate(reproducer: Reproducer) -> Reproducer:
         missing = [key for key in (*PAGED_PAYLOAD, "model") if key not in {**reproducer.payload, **reproducer.subject}]
         if missing:
             raise UsageError(f"{reproducer.where}: vLLM white-box reproducer lacks {', '.join(missing)}")
+    elif reproducer.kind == "transformers-cb":
+        if not isinstance((reproducer.payload.get("workload") or {}).get("requests"), list):
+            raise UsageError(f"{reproducer.where}: transformers-cb reproducer has no workload with requests")
     elif not isinstance(reproducer.payload.get("requests"), list):
         raise UsageError(f"{reproducer.where}: black-box reproducer has no list of requests")
     return reproducer
@@ -554,3 +365,6 @@ def load_engine_reproducer(path: Path, engine: str | None = None) -> dict[str, A
     rules = reproducer.engine_rules()
     check_engine_rules(rules, str(path))
     return dict(rules, engine=engine or rules["engine"])
+
+
+__getattr__ = _forward(__name__)  # the names that left for audits.regression, commands.replay, commands.pytest_notes

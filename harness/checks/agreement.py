@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from specaudit.checks.cache import cached
 from specaudit.numerics.calibration import Witness
 from specaudit.numerics.tolerance import DTYPES, TIE_TOLERANCE
 from specaudit.reference.oracle import OracleResult
@@ -110,7 +111,7 @@ def stop_reason(tokens: list[int] | tuple[int, ...], max_new_tokens: int, eos: i
     return "length" if len(tokens) >= max_new_tokens else "short"
 
 
-def judge(run: Run, prefix: tuple[int, ...], index: int, found: int, expected: int, margin: float) -> Witness:
+def witness(run: Run, prefix: tuple[int, ...], index: int, found: int, expected: int, margin: float) -> Witness:
     """Is the decoder's `found` instead of the oracle's `expected` at `index` a numerical tie?
 
     With a measured noise floor: gap = logit(expected) - logit(found) in the witness's higher
@@ -127,7 +128,7 @@ def margin_witness(index: int, margin: float, dtype: str) -> Witness:
     return Witness(index, margin, TIE_TOLERANCE[DTYPES[dtype]], f"{dtype} oracle margin")
 
 
-Judge = Callable[[tuple[int, ...], int, int, int, float], Witness]  # (prefix, index, found, expected, margin)
+TieJudge = Callable[[tuple[int, ...], int, int, int, float], Witness]  # (prefix, index, found, expected, margin)
 
 
 def tie_aware(
@@ -136,7 +137,7 @@ def tie_aware(
     prompt: tuple[int, ...],
     max_new_tokens: int,
     eos: int | None,
-    judge_tie: Judge,
+    judge_tie: TieJudge,
     oracle_from: Callable[[tuple[int, ...], int], OracleResult],
 ) -> tuple[tuple[int, ...], tuple[Witness, ...], int]:
     """(the reference `found` is held to, every divergence judged, the first index where they
@@ -163,7 +164,7 @@ def tie_aware(
 def compare_request(
     entry: Entry,
     eos: int | None,
-    judge_tie: Judge,
+    judge_tie: TieJudge,
     oracle_from: Callable[[tuple[int, ...], int], OracleResult],
 ) -> RowEquivalence:
     """Tie-aware comparison of one request of a record (`running.record`: a decoder's row, an
@@ -178,17 +179,17 @@ def compare_request(
 
 
 def compare_row(run: Run, r: int) -> RowEquivalence:
-    """One row of a decoder run, its ties judged by `judge` (the run's noise floor or the oracle margin)."""
+    """One row of a decoder run, its ties judged by `witness` (the run's noise floor or the oracle margin)."""
     return compare_request(
         run.record.entries[r],
         run.case.eos_token_id,
-        lambda prefix, index, got, want, margin: judge(run, prefix, index, got, want, margin),
+        lambda prefix, index, got, want, margin: witness(run, prefix, index, got, want, margin),
         run.oracle_from,
     )
 
 
 def equivalence(run: Run) -> Equivalence:
     assert run.outputs is not None
-    if run.derived.equivalence is None:
-        run.derived.equivalence = Equivalence(tuple(compare_row(run, r) for r in range(len(run.outputs))))
-    return run.derived.equivalence
+    outputs = run.outputs
+    return cached(run, "equivalence", "equivalence",
+                  lambda: Equivalence(tuple(compare_row(run, r) for r in range(len(outputs)))))  # fmt: skip

@@ -1,6 +1,7 @@
 """The engine checks: an engine session's evidence judged after every step.
 
-After every step, in the registry's order:
+After every step, in the registry's order, each check through its ENGINE implementation
+(`checks.engine_step`, dispatched by `registry.evaluate(ENGINE, step)`):
 
   contract     the engine contract's fixed points and the side-effect guard (the session's)
   I1           every target forward of the step is one rectangular batch (`checks.i1`); idle
@@ -45,13 +46,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from specaudit.checks.diagnosis import Finding
+from specaudit.checks.engine_step import IDLE_ROW_RULES, EngineStep
 from specaudit.checks.equivalence import compare_request, divergence, margin_witness
-from specaudit.checks.i1 import i1_call_violations
 from specaudit.checks.i2 import violation
 from specaudit.checks.kv import KVReader
-from specaudit.checks.liveness import Ledger, Tenure, overdue, settle, unfinished
-from specaudit.checks.registry import ENGINE, order_for
+from specaudit.checks.liveness import Tenure, WaitLedger, overdue, settle, unfinished
+from specaudit.checks.registry import ENGINE, evaluate, order_for
 from specaudit.checks.rows import Book, Fault, RowFollower
+from specaudit.contracts.engine_rules import EngineRules, as_rules
 from specaudit.contracts.violation import Violation, render
 from specaudit.numerics.tolerance import DTYPES
 from specaudit.running.engine_session import DTYPE
@@ -63,11 +65,7 @@ if TYPE_CHECKING:  # the judge reads a session; running one is the caller's
 ENGINE_ORDER = tuple(name for name in order_for(ENGINE) if name != "contract")
 """The registry's checks of an engine after every step (the contract is the session's own)."""
 
-IDLE_ROW_RULES = frozenset({"row-attends-nothing"})
-"""I1 rules an engine may break on purpose: a fixed-size engine runs idle rows (empty slots,
-CUDA-graph batches) that attend nothing, or only the pad token (`RowFollower.idle_rows`). Such a
-row is bound to no request; an engine that used its output would emit a wrong token
-(equivalence) or starve its request (liveness)."""
+__all__ = ["ENGINE_ORDER", "IDLE_ROW_RULES", "EngineFailure", "EngineJudge", "engine_reader"]
 
 
 def engine_reader(session: EngineSession) -> KVReader:
@@ -100,7 +98,7 @@ class EngineJudge:
         self.ids: list[int] = []  # the follower's request index -> the engine's request id
         self.index: dict[int, int] = {}  # the engine's request id -> the follower's index
         self.step_starts: list[float] = []  # where each step began: no round spans two steps
-        self.ledger = Ledger("steps", session.max_wait_steps, "max_wait_steps")  # served: steps it emitted in
+        self.ledger = WaitLedger("steps", session.max_wait_steps, "max_wait_steps")  # served: steps it emitted in
 
     def step(
         self,
@@ -111,18 +109,11 @@ class EngineJudge:
         emitted: dict[int, list[int]],
     ) -> list[Violation]:
         """The step's violations of the first check that has any, in the registry's order for an
-        engine (`ENGINE_ORDER`: the contract is the session's, before any of these)."""
-        judges: dict[str, Callable[[], list[Violation]]] = {
-            "I1": lambda: [v for call in calls for v in i1_call_violations(call) if v.rule not in IDLE_ROW_RULES],
-            "I2": lambda: self.i2(calls, eligible, committed),
-            "equivalence": self.equivalence,
-            "liveness": lambda: self.liveness(eligible, emitted, crowded),
-        }
-        for name in ENGINE_ORDER:
-            violations = judges[name]()
-            if violations:
-                return violations
-        return []
+        engine (`registry.evaluate(ENGINE, step)`: each check's ENGINE implementation,
+        `checks.engine_step`; the contract is the session's, before any of these)."""
+        step = EngineStep(self, tuple(calls), frozenset(eligible), committed, crowded, emitted)
+        first = evaluate(ENGINE, step).first_failure
+        return [] if first is None else list(first.violations)
 
     def drained(self, budget: int) -> list[Violation]:
         """'request-finishes' (`checks.liveness`): a request still live after the drain's `budget` of steps."""
@@ -132,7 +123,7 @@ class EngineJudge:
     def tenure(self, request: int) -> Tenure:
         return self.ledger.tenure(request, self.session.record.entries[request].max_new_tokens)
 
-    def failure(self, violations: list[Violation], reproducer: dict[str, Any]) -> EngineFailure:
+    def failure(self, violations: list[Violation], reproducer: EngineRules) -> EngineFailure:
         return EngineFailure(violations, reproducer, self.diagnose)
 
     def i2(self, calls: list[CallRecord], eligible: set[int], committed: dict[int, int]) -> list[Violation]:
@@ -211,29 +202,32 @@ class EngineJudge:
         return overdue(self.ledger)
 
 
-Diagnose = Callable[[list[Violation], dict[str, Any]], Finding]
+Diagnose = Callable[[list[Violation], EngineRules], Finding]
 """How a failure is diagnosed (`specaudit.search.engine_replay.diagnose_engine`): a wrong token's
 signature replays its request alone, a model run this layer leaves to the one above."""
 
 
 class EngineFailure(AssertionError):
-    """A step broke a check: the violations, the JSON reproducer of the rules so far, and the
-    diagnosis (made by `diagnose` when first asked for: a wrong token re-runs its request alone)."""
+    """A step broke a check: the violations, the rules so far (`EngineRules`; a dict in any of
+    their JSON forms is read as one), and the diagnosis (made by `diagnose` when first asked for:
+    a wrong token re-runs its request alone)."""
 
-    def __init__(self, violations: list[Violation], reproducer: dict[str, Any], diagnose: Diagnose) -> None:
+    def __init__(
+        self, violations: list[Violation], reproducer: EngineRules | dict[str, Any], diagnose: Diagnose
+    ) -> None:
         self.violations = violations
-        self.reproducer = reproducer
+        self.reproducer: EngineRules = as_rules(reproducer)
         self.diagnose = diagnose
         super().__init__(violations, reproducer)
 
     def __str__(self) -> str:
         return (
-            f"engine {self.reproducer['engine']} after {len(self.reproducer['ops'])} rules:\n"
+            f"engine {self.reproducer.engine} after {len(self.reproducer.ops)} rules:\n"
             f"{self.diagnosis.render()}\n{render(self.violations)}\n"
-            f"reproducer (specaudit.search.engine_replay.replay):\n{json.dumps(self.reproducer)}"
+            f"reproducer (specaudit.search.engine_replay.replay_rules):\n{json.dumps(self.reproducer.to_json())}"
         )
 
-    def __reduce__(self) -> tuple[type[EngineFailure], tuple[list[Violation], dict[str, Any], Diagnose]]:
+    def __reduce__(self) -> tuple[type[EngineFailure], tuple[list[Violation], EngineRules, Diagnose]]:
         """Pickled by its arguments: `specaudit audit` sends verdicts back from worker processes."""
         return EngineFailure, (self.violations, self.reproducer, self.diagnose)
 

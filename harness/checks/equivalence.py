@@ -12,15 +12,15 @@ from dataclasses import replace
 
 from specaudit.checks.agreement import (
     Equivalence,
-    Judge,
     RowEquivalence,
+    TieJudge,
     compare_request,
     compare_row,
     equivalence,
-    judge,
     margin_witness,
     stop_reason,
     tie_aware,
+    witness,
 )
 from specaudit.checks.contract import check_contract
 from specaudit.checks.i2 import row_views
@@ -31,14 +31,14 @@ from specaudit.running.runner import Run
 
 __all__ = [
     "Equivalence",
-    "Judge",
+    "TieJudge",
     "RowEquivalence",
     "check_equivalence",
     "compare_request",
     "compare_row",
     "divergence",
     "equivalence",
-    "judge",
+    "witness",
     "locate",
     "margin_witness",
     "pad_columns_read",

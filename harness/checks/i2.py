@@ -15,6 +15,7 @@ expected entry, the bound, and the nearest alternative entry (which, and how far
 
 from __future__ import annotations
 
+from specaudit.checks.cache import cached
 from specaudit.checks.contract import check_contract
 from specaudit.checks.rows import Fault, RowView, follow_rows
 from specaudit.contracts.violation import Violation
@@ -126,11 +127,12 @@ def violation(fault: Fault, pad: int) -> Violation:
 
 def row_views(run: Run) -> tuple[list[RowView], list[Violation]]:
     """Every row of every target call bound to its request, and the I2 violations (memoized)."""
-    if run.derived.views is None:
+
+    def views() -> tuple[list[RowView], list[Violation]]:
         trace = follow_rows(run)
-        pad = run.case.pad_token_id
-        run.derived.views = list(trace.views), [violation(f, pad) for f in trace.faults]
-    return run.derived.views
+        return list(trace.views), [violation(f, run.case.pad_token_id) for f in trace.faults]
+
+    return cached(run, "I2", "views", views)
 
 
 def check_i2(run: Run) -> list[Violation]:

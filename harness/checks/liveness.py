@@ -1,6 +1,6 @@
 """Liveness over a ledger: one rule set for a decoder's requests and an engine's.
 
-A subject's evidence becomes a `Ledger`: per request, the ticks it was served in and the ticks
+A subject's evidence becomes a `WaitLedger`: per request, the ticks it was served in and the ticks
 that count as waiting for it (a decoder's target calls, an engine's steps). Each subject says
 what counts (`specaudit.checks.scheduling.decoder_ledger`, the engine judge's ledger); the rules
 are this module's:
@@ -34,7 +34,7 @@ class Tenure:
 
 
 @dataclass
-class Ledger:
+class WaitLedger:
     """Every request's tenure, counted in `unit` against the subject's declared `bound`."""
 
     unit: str  # "target calls" (a decoder) or "steps" (an engine)
@@ -51,7 +51,7 @@ class Ledger:
         return self.unit == "target calls"
 
 
-def settle(ledger: Ledger, record: Record) -> Ledger:
+def settle(ledger: WaitLedger, record: Record) -> WaitLedger:
     """Each request's tokens so far and whether it is done (finished or aborted), from the
     subject's record (`running.record`): what `unfinished` judges, alike for every subject."""
     for r, entry in record.entries.items():
@@ -83,7 +83,7 @@ def waits(tenure: Tenure) -> Iterator[Wait]:
         previous = tick
 
 
-def overdue(ledger: Ledger) -> list[Violation]:
+def overdue(ledger: WaitLedger) -> list[Violation]:
     """'bounded-queue' and 'bounded-wait': the stretches with more waiting ticks than the bound."""
     if ledger.bound is None:
         return []
@@ -95,7 +95,7 @@ def overdue(ledger: Ledger) -> list[Violation]:
     ]
 
 
-def wait_violation(ledger: Ledger, wait: Wait) -> Violation:
+def wait_violation(ledger: WaitLedger, wait: Wait) -> Violation:
     tick = ledger.unit.removesuffix("s")
     r, first = wait.request, wait.since is None
     found = f"{wait.counted} {ledger.unit} with room without request {r}"
@@ -112,7 +112,7 @@ def wait_violation(ledger: Ledger, wait: Wait) -> Violation:
     )
 
 
-def unfinished(ledger: Ledger) -> list[Violation]:
+def unfinished(ledger: WaitLedger) -> list[Violation]:
     """'request-finishes': every request ends with EOS or its `max_new_tokens` tokens."""
     return [
         Violation(

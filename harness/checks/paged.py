@@ -1,6 +1,7 @@
-"""The paged, variable-length layout of a continuous-batching engine (vLLM), judged per forward.
+"""The paged, variable-length layout of a paged engine (vLLM, transformers' continuous batching),
+judged per forward: the registry's `paged` check, on a `running.paged.PagedRun`'s trace.
 
-Reads a `PagedTrace` (`specaudit.adapters.vllm_observer`): per target forward the packed
+Reads a `PagedTrace` (`specaudit.running.paged`, recorded by each engine's observer): per target forward the packed
 tokens and positions, `query_start_loc`, `seq_lens`, `slot_mapping`, `block_table`, the
 request ids in batch order, and per step what each request had committed. Rows are bound to
 requests by the engine's own ids, so nothing is guessed. With `before` a request's prompt and
@@ -35,20 +36,18 @@ Pure functions over the recorded tensors; torch only, no vLLM.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from specaudit.contracts.rules import PAGED_RULES
 from specaudit.contracts.violation import Violation
-from specaudit.running.paged import PagedCall, PagedTrace
+from specaudit.running.paged import PagedCall, PagedTrace, Reference
 
 CHECK = "paged"
 RULES = PAGED_RULES
 KV_TOLERANCE = 1e-3  # float32: max |written - batch-size-1| relative to the request's largest entry
-
-Reference = Callable[[tuple[int, ...]], torch.Tensor]  # tokens -> [n, L', 2, kv_heads, head_dim]
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ class Write:
 
 
 @dataclass
-class Ledger:
+class WriteLedger:
     """What the forwards so far wrote: per slot its last write, per block its last writer,
     per request what was fed at each position (the K/V it holds)."""
 
@@ -70,6 +69,14 @@ class Ledger:
     blocks: dict[int, Write] = field(default_factory=dict)
     fed: dict[str, dict[int, int]] = field(default_factory=dict)
     cached_prefix: dict[str, int] = field(default_factory=dict)  # a prefix-cache hit at the first forward
+    tables: dict[str, set[int]] = field(default_factory=dict)  # each request's blocks at its latest forward
+
+    def same_prefix(self, writer: str, before: tuple[int, ...], end: int) -> bool:
+        """Whether `writer` fed `before`'s tokens wherever it fed positions 0..end-1: a block it
+        wrote then holds what the reader's own would (a block shared by content, e.g. transformers
+        de-duplicating a completed block into an identical one)."""
+        fed = self.fed.get(writer, {})
+        return all(fed.get(i, before[i]) == before[i] for i in range(min(end, len(before))))
 
     def valid(self, request: str, before: tuple[int, ...]) -> int:
         """Leading positions whose K/V hold the committed tokens."""
@@ -80,7 +87,7 @@ class Ledger:
 
 
 @dataclass(frozen=True)
-class Row:
+class PagedRow:
     """One request of one forward, read as Python values."""
 
     call: PagedCall
@@ -108,7 +115,7 @@ def check_paged(
     """Every rule on every target forward, forward by forward, each forward's cause first (one
     violation per request, call and rule; see `cause_first`); kv-entry only with a `reference`
     (e.g. `vllm_observer.hf_kv_reference`) and recorded K/V."""
-    ledger, found = Ledger(), []
+    ledger, found = WriteLedger(), []
     entries = Entries(trace, reference, tolerance) if reference is not None else None
     order = {r: i for i, r in enumerate(trace.prompts)}
     last_call = {(rid, c.step): c.index for c in trace.calls for rid in c.request_ids}
@@ -161,7 +168,7 @@ def span_violations(call: PagedCall, trace: PagedTrace) -> list[Violation]:
     return out
 
 
-def bind(call: PagedCall, b: int, rid: str, order: dict[str, int], trace: PagedTrace, ledger: Ledger) -> Row:
+def bind(call: PagedCall, b: int, rid: str, order: dict[str, int], trace: PagedTrace, ledger: WriteLedger) -> PagedRow:
     """Row `b` of the call as its request, with where its query must start."""
     start, end = call.span(b)
     before = trace.committed(rid, call.step - 1) if rid in trace.prompts else ()
@@ -169,7 +176,7 @@ def bind(call: PagedCall, b: int, rid: str, order: dict[str, int], trace: PagedT
     if rid not in ledger.fed and 0 < actual < len(before) and actual % call.block_size == 0:
         ledger.cached_prefix[rid] = actual  # its first forward reuses cached prefix blocks
     due = min(ledger.valid(rid, before), max(len(before) - 1, 0))
-    return Row(call, b, rid, order.get(rid, -1), start, end, before, due)
+    return PagedRow(call, b, rid, order.get(rid, -1), start, end, before, due)
 
 
 def expected_slot(call: PagedCall, row: int, position: int) -> int | None:
@@ -180,7 +187,7 @@ def expected_slot(call: PagedCall, row: int, position: int) -> int | None:
     return int(call.block_table[row, index]) * call.block_size + position % call.block_size
 
 
-def row_violations(row: Row, trace: PagedTrace, ledger: Ledger) -> Iterator[Violation]:
+def row_violations(row: PagedRow, trace: PagedTrace, ledger: WriteLedger) -> Iterator[Violation]:
     """The request's context length, positions, tokens, drafts, slots and attended past."""
     call, q, c = row.call, row.query, row.due
     seq_len = int(call.seq_lens[row.row])
@@ -225,7 +232,7 @@ def row_violations(row: Row, trace: PagedTrace, ledger: Ledger) -> Iterator[Viol
     yield from past_violations(row, seq_len - q, ledger)
 
 
-def slot_violations(row: Row, slots: list[int], tokens: list[int]) -> Iterator[Violation]:
+def slot_violations(row: PagedRow, slots: list[int], tokens: list[int]) -> Iterator[Violation]:
     """Each query token written at its own request's slot for its (due) position."""
     for i, slot in enumerate(slots):
         position = row.due + i
@@ -245,20 +252,22 @@ def slot_violations(row: Row, slots: list[int], tokens: list[int]) -> Iterator[V
             return
 
 
-def past_violations(row: Row, past: int, ledger: Ledger) -> Iterator[Violation]:
+def past_violations(row: PagedRow, past: int, ledger: WriteLedger) -> Iterator[Violation]:
     """Every past slot the request attends holds its own committed entry, as written."""
     for p in range(max(past, 0)):
         slot = expected_slot(row.call, row.row, p)
         write = ledger.slots.get(slot) if slot is not None else None
         want = row.before[p] if p < len(row.before) else None
         shared = p < ledger.cached_prefix.get(row.request, 0)  # a cached prefix block: anyone's, same token
+        block_end = (p // row.call.block_size + 1) * row.call.block_size
+        shared = shared or (write is not None and ledger.same_prefix(write.request, row.before, block_end))
         if write is None or write.position != p or write.token != want or (write.request != row.request and not shared):
             yield provenance(row, p, slot, write, want)
             return
     yield from drift_violations(row, ledger)
 
 
-def drift_violations(row: Row, ledger: Ledger) -> Iterator[Violation]:
+def drift_violations(row: PagedRow, ledger: WriteLedger) -> Iterator[Violation]:
     """The attended past blocks hold what the forwards that wrote them left there."""
     call = row.call
     if call.kv_drift is None:
@@ -281,7 +290,7 @@ def drift_violations(row: Row, ledger: Ledger) -> Iterator[Violation]:
             return
 
 
-def provenance(row: Row, p: int, slot: int | None, write: Write | None, want: int | None) -> Violation:
+def provenance(row: PagedRow, p: int, slot: int | None, write: Write | None, want: int | None) -> Violation:
     past_end = f"nothing (position {p} is past its committed {len(row.before)})"
     expected = f"its own token {want} at position {p}" if want is not None else past_end
     if write is None:
@@ -301,7 +310,7 @@ def provenance(row: Row, p: int, slot: int | None, write: Write | None, want: in
     return row.bad("kv-provenance", found, expected, slot, **evidence)
 
 
-def greedy_violations(row: Row, trace: PagedTrace) -> list[Violation]:
+def greedy_violations(row: PagedRow, trace: PagedTrace) -> list[Violation]:
     """The step's new tokens: the drafts matching the target's argmax, then the target's own token."""
     call, c, q = row.call, row.due, row.query
     committed = len(row.before)
@@ -355,7 +364,7 @@ class Entries:
             self.cache[request] = final, ref, float(ref.abs().max()) or 1.0
         return self.cache[request]
 
-    def violations(self, row: Row) -> list[Violation]:
+    def violations(self, row: PagedRow) -> list[Violation]:
         """The first committed query token whose written K/V are not its batch-size-1 entries."""
         written = row.call.written_kv
         if written is None or row.request not in self.trace.prompts:
@@ -385,7 +394,7 @@ class Entries:
         return []
 
 
-def block_violations(call: PagedCall, rows: list[Row], trace: PagedTrace, ledger: Ledger) -> list[Violation]:
+def block_violations(call: PagedCall, rows: list[PagedRow], trace: PagedTrace, ledger: WriteLedger) -> list[Violation]:
     """No block written by two live requests: in this forward, or after another live one wrote it."""
     out, writers = [], {}
     for row in rows:
@@ -397,7 +406,7 @@ def block_violations(call: PagedCall, rows: list[Row], trace: PagedTrace, ledger
             if other is None:
                 last = ledger.blocks.get(block)
                 if last is not None and last.request != row.request and trace.live(last.request, call.step):
-                    other = last.request
+                    other = last.request if holds(call, rows, ledger, last.request, block) else None
             if other is not None and other != row.request:
                 out.append(
                     row.bad(
@@ -414,9 +423,18 @@ def block_violations(call: PagedCall, rows: list[Row], trace: PagedTrace, ledger
     return out
 
 
-def record(call: PagedCall, rows: list[Row], ledger: Ledger) -> None:
+def holds(call: PagedCall, rows: list[PagedRow], ledger: WriteLedger, request: str, block: int) -> bool:
+    """Whether `request` still has `block` in its table (this forward's, else its latest seen):
+    a block it gave back (freed, or swapped for an identical shared one) is not its any more."""
+    mine = [set(call.block_table[r.row].tolist()) for r in rows if r.request == request]
+    table = mine[0] if mine else ledger.tables.get(request)
+    return table is None or block in table
+
+
+def record(call: PagedCall, rows: list[PagedRow], ledger: WriteLedger) -> None:
     """What this forward wrote: each token's K/V at its slot, at the position the model computed."""
     for row in rows:
+        ledger.tables[row.request] = set(call.block_table[row.row].tolist())
         fed = ledger.fed.setdefault(row.request, {})
         positions = call.positions[row.start : row.end].tolist()
         tokens = call.input_ids[row.start : row.end].tolist()

@@ -1,11 +1,16 @@
-"""The one list of checks: what each asserts, in which order, when it applies, and how its
-first violation maps to the paper's failure signature.
+"""The one list of checks: what each asserts, which subjects it judges and through which
+implementation, in which order, when it applies, its rules and cache slots, and how its first
+violation maps to the paper's failure signature.
 
-Everything that judges a run reads this list: the properties (one per check), `audit`,
-`gate`, `minimize`, the diagnosis, the JUnit output and docs/checks.md's table of checks. A check
-that cannot judge a run (token preservation without the scripted draft, a wait bound the
-decoder does not declare, order independence of a single row) is "not applicable" for it,
-never a pass. A contract break short-circuits: nothing else is judged on such a run.
+Every subject's judge dispatches through it: `evaluate(subject, evidence)` runs, in order, each
+check's implementation for that subject (a decoder run, an engine step, a black box's answers, a
+paged engine's run). The properties (one per decoder check), `audit`, `gate`, `minimize`, the
+diagnosis, the JUnit output and docs/checks.md's table read the same list. A check that cannot
+judge the evidence (token preservation without the scripted draft, a wait bound the decoder does
+not declare, order independence of a single row, a paged engine's outputs that were not
+recorded) is "not applicable" for it, never a pass. A contract break short-circuits: nothing
+else is judged on such evidence. The registry is checked when it is imported (`validate`): a
+subject with no callable implementation is an import error, never a KeyError during a run.
 
 Signatures (paper, sections 4.2 and 6):
   position-id        wrong position ids or misaligned batches (a row's logits read at a pad
@@ -23,7 +28,10 @@ Signatures (paper, sections 4.2 and 6):
                      token the cache holds verified but the output lost);
   scheduling         output right, but a scheduler rule is broken (a request waits past the
                      declared bound, a grouped batch is realigned, the output depends on pool order);
-  contract           the decoder broke the decoder contract, or never called the target.
+  contract           the decoder broke the decoder contract, or never called the target;
+  batch-only         output level only (a black box, whose forwards are not seen): wrong in the
+                     batch, right when the prompt runs alone, so a batch-dependent error
+                     (position-id, kv-drift or bookkeeping) that the outputs cannot tell apart.
 
 A signature is decided from the minimal case's evidence (`decided`, `equivalence_signature`):
 with no target call it is contract (nothing was attended, so never kv-drift or position-id); on
@@ -34,7 +42,7 @@ that decided it is position-id.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -46,7 +54,9 @@ from specaudit.checks import (
     check_token_preservation,
     equivalence,
 )
+from specaudit.checks.engine_step import step_contract, step_equivalence, step_i1, step_i2, step_liveness
 from specaudit.checks.equivalence import pad_columns_read
+from specaudit.checks.outputs import OutputEvidence, record_contract, record_equivalence, record_liveness
 from specaudit.checks.paged import check_paged
 from specaudit.checks.scheduling import (
     check_grouped_no_realignment,
@@ -57,7 +67,9 @@ from specaudit.checks.scheduling import (
 )
 from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.case import Case
+from specaudit.contracts.rules import CHECK_RULES
 from specaudit.contracts.violation import Violation
+from specaudit.running.paged import PagedRun
 from specaudit.running.runner import Run
 
 SIGNATURES = (
@@ -69,11 +81,34 @@ SIGNATURES = (
     "bookkeeping",
     "scheduling",
     "contract",
+    "batch-only",
 )
+OUTPUT_LEVEL_SIGNATURES = ("batch-only",)
+"""Given only where the forwards are not seen (`adapters.blackbox.audit_blackbox`); a decoder's or
+an engine's diagnosis names the cause instead."""
 
 PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "not applicable"
 
 Signature = tuple[str, str]  # (signature, reason)
+
+DECODER, ENGINE, BLACK_BOX, PAGED = "decoder", "engine", "black box", "paged engine"
+SUBJECTS = (DECODER, ENGINE, BLACK_BOX, PAGED)
+"""Who a check can judge, and the evidence its implementation for that subject reads:
+
+  decoder       a batch decoder's run on the built-in or real models (`running.runner.Run`)
+  engine        a white-box engine session after every step (`checks.engine_step.EngineStep`,
+                made by `checks.engine.EngineJudge`)
+  black box     a black box's answers at the output level (`checks.outputs.OutputEvidence`, made by
+                `adapters.engine_blackbox.judge_answers` and `adapters.blackbox.audit_blackbox`)
+  paged engine  a paged engine's forwards and outputs (`running.paged.PagedRun`: vLLM in process,
+                transformers' continuous batching)
+
+All but the decoder's read each request's outputs from a `running.record.Record`."""
+
+
+class RegistryError(AssertionError):
+    """The registry does not hold together (raised at import): a subject without a callable
+    implementation, an unknown subject, a requirement for a subject the check does not judge."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -82,11 +117,13 @@ Signature = tuple[str, str]  # (signature, reason)
 
 @dataclass(frozen=True)
 class Requirement:
-    """Something a run must offer for a check to judge it; `reason` says what is missing."""
+    """Something one subject's evidence must offer for a check to judge it (a decoder's run by
+    default); `reason` says what is missing."""
 
     reason: str
-    holds: Callable[[Run], bool]
+    holds: Callable[[Any], bool]  # the subject's evidence -> whether it offers what the check needs
     of_decoder: bool = False  # the decoder lacks it (every run alike), not this one case
+    subject: str = DECODER  # whose evidence it reads (see SUBJECTS)
 
 
 SCRIPTED_DRAFT = Requirement("needs the scripted draft", lambda run: run.case.draft == "scripted")
@@ -106,6 +143,11 @@ BUILT_IN_MODEL = Requirement(
 
 GROUPED_PAIR = Requirement(
     "no request takes part in two grouped (pad-free) target calls in a row", lambda run: bool(grouped_pairs(run))
+)
+REQUESTS_RECORDED = Requirement(
+    "the outputs were not recorded (a trace alone): only the paged layout is judged",
+    lambda run: run.record is not None,
+    subject=PAGED,
 )
 
 
@@ -159,11 +201,11 @@ def equivalence_signature(first: Violation, run: Run) -> Signature:
             f"row {row}'s output has token {first.evidence.get('found_token')} at index {first.evidence.get('index')} "
             f"where its cache holds the oracle's token {held}: the output lost a token the target verified"
         )
-    if any(v.rule == "verified-kept" for v in judge("token-preservation", run).violations):
+    if any(v.rule == "verified-kept" for v in outcome_of("token-preservation", run).violations):
         return "kv-drift", "verified tokens' KV was dropped from the cache and the output went wrong"
     alone = run.again(single_row(run.case, row))
     seen = evaluate(alone).first_failure
-    wrong = alone.outputs is not None and judge("equivalence", alone).status == FAIL
+    wrong = alone.outputs is not None and outcome_of("equivalence", alone).status == FAIL
     pads = pad_columns_read(run, first) if seen is None and not wrong else None
     if pads is not None:
         return "position-id", (
@@ -212,41 +254,62 @@ def liveness_signature(first: Violation, run: Run | None) -> Signature:
 
 
 # ---------------------------------------------------------------------------------------
-# The checks
+# A check: its implementation per subject, its signature, when it applies, its rules and caches
 
 
-DECODER, ENGINE, BLACK_BOX, VLLM = "decoder", "engine", "black box", "vllm"
-SUBJECTS = (DECODER, ENGINE, BLACK_BOX, VLLM)
-"""Who a check can judge: a batch decoder's run on the built-in or real models (`Run`), a
-white-box engine session after every step (`checks.engine.EngineJudge`), a black box's answers
-at the output level (`adapters.engine_blackbox`), an in-process vLLM's paged trace
-(`checks.paged`). All but the last keep their evidence as a `running.record.Record`."""
+Implementation = Callable[[Any], list[Violation]]
+"""A check's implementation for one subject: that subject's evidence -> its violations."""
 
 
 @dataclass(frozen=True)
 class Check:
-    """One check of the registry; its place in CHECKS is the order violations are reported in."""
+    """One check of the registry; its place in CHECKS is the order violations are reported in.
+
+    Everything a check is lives here: the subjects it judges are the keys of `implementations`
+    (each the function that reads that subject's evidence), its rules are the torch-free table's
+    entry for its name (`contracts.rules.CHECK_RULES`, which a known-failures file is validated
+    against before torch is imported), and `caches` names the slots it fills once per decoder run
+    (`run.derived.cached[name]`, through `checks.cache.cached`)."""
 
     name: str
     title: str  # the property's name in docs/checks.md's table
     statement: str  # one sentence: the docs/checks.md row and the property's docstring
-    function: Callable[[Any], list[Violation]]  # the subject's evidence -> violations
+    implementations: Mapping[str, Implementation]  # subject -> its evidence -> violations
     signature: Callable[[Violation, Any], Signature]  # its first violation -> (signature, reason)
-    needs: tuple[Requirement, ...] = ()
+    needs: tuple[Requirement, ...] = ()  # per subject (`Requirement.subject`): when it is not applicable
     per_call: bool = False  # judged on every target call (an invariant), not on the run's output
-    subjects: tuple[str, ...] = (DECODER,)  # what it judges (see SUBJECTS)
+    caches: tuple[str, ...] = ()  # its slots in `run.derived.cached[name]`
 
     def __post_init__(self) -> None:
-        unknown = set(self.subjects) - set(SUBJECTS)
-        assert self.subjects and not unknown, f"check {self.name}: subjects {sorted(unknown)} not in {SUBJECTS}"
+        unknown = sorted(set(self.implementations) - set(SUBJECTS))
+        if not self.implementations or unknown:
+            raise RegistryError(f"check {self.name}: subjects {unknown or '(none)'}; should be some of {SUBJECTS}")
+        missing = [s for s, f in self.implementations.items() if not callable(f)]
+        if missing:
+            raise RegistryError(f"check {self.name} judges {missing} without an implementation (got no callable)")
+        stray = [need.reason for need in self.needs if need.subject not in self.implementations]
+        if stray:
+            raise RegistryError(f"check {self.name}: requirements for subjects it does not judge: {stray}")
+        if self.name not in CHECK_RULES:
+            raise RegistryError(f"check {self.name} has no rules in contracts.rules.CHECK_RULES")
 
-    def unmet(self, run: Run) -> Requirement | None:
-        """The first requirement `run` does not offer (None: the check applies)."""
-        return next((need for need in self.needs if not need.holds(run)), None)
+    @property
+    def subjects(self) -> tuple[str, ...]:
+        """What it judges (see SUBJECTS), in SUBJECTS' order."""
+        return tuple(subject for subject in SUBJECTS if subject in self.implementations)
 
-    def applies(self, run: Run) -> str | None:
-        """None when the check judges `run`, else why it is not applicable."""
-        unmet = self.unmet(run)
+    @property
+    def rules(self) -> frozenset[str]:
+        """The rule names its violations carry."""
+        return CHECK_RULES[self.name]
+
+    def unmet(self, evidence: Any, subject: str = DECODER) -> Requirement | None:
+        """The first requirement `evidence` of `subject` does not offer (None: the check applies)."""
+        return next((need for need in self.needs if need.subject == subject and not need.holds(evidence)), None)
+
+    def applies(self, evidence: Any, subject: str = DECODER) -> str | None:
+        """None when the check judges `evidence` of `subject`, else why it is not applicable."""
+        unmet = self.unmet(evidence, subject)
         return None if unmet is None else unmet.reason
 
 
@@ -265,8 +328,35 @@ def paged_signature(first: Violation, trace: Any = None) -> Signature:
     return signature, f"the paged layout breaks {first.rule} ({first.found})"
 
 
+# ---------------------------------------------------------------------------------------
+# The checks
+
+
 def liveness(run: Run) -> list[Violation]:
     return check_liveness(run, declared_bound(run))
+
+
+def paged_layout(run: PagedRun) -> list[Violation]:
+    """The paged rules on every forward of the trace (kv-entry with the batch-size-1 `reference`)."""
+    return check_paged(run.trace, run.reference)
+
+
+def paged_outputs(run: PagedRun) -> OutputEvidence:
+    """A paged engine's record as output-level evidence (REQUESTS_RECORDED holds: a record)."""
+    assert run.record is not None
+    return OutputEvidence(run.record, run.dtype, run.oracle_from, dict(run.errors))
+
+
+def paged_contract(run: PagedRun) -> list[Violation]:
+    return record_contract(paged_outputs(run))
+
+
+def paged_equivalence(run: PagedRun) -> list[Violation]:
+    return record_equivalence(paged_outputs(run))
+
+
+def paged_liveness(run: PagedRun) -> list[Violation]:
+    return record_liveness(paged_outputs(run))
 
 
 CHECKS: tuple[Check, ...] = (
@@ -275,19 +365,23 @@ CHECKS: tuple[Check, ...] = (
         "decoder contract",
         "the decoder returns one list of new token ids per row, in row order, ending at the first EOS or at "
         "`max_new_tokens`, without raising and without hanging (the watchdog's idle limit)",
-        check_contract,
+        {
+            DECODER: check_contract,
+            ENGINE: step_contract,
+            BLACK_BOX: record_contract,
+            PAGED: paged_contract,
+        },
         contract_signature,
-        subjects=(DECODER, ENGINE, BLACK_BOX),
+        needs=(REQUESTS_RECORDED,),
     ),
     Check(
         "I1",
         "I1 rectangular alignment",
         "every target call: `input_ids` `[B, T]`, mask `[B, P + T]` with `P` the cache length of every layer, "
         "positions `[B, T]`, no row with a real input attending nothing (an all-pad row may)",
-        check_i1,
+        {DECODER: check_i1, ENGINE: step_i1},
         i1_signature,
         per_call=True,
-        subjects=(DECODER, ENGINE),
     ),
     Check(
         "I2",
@@ -296,10 +390,22 @@ CHECKS: tuple[Check, ...] = (
         "0, 1, 2, ... and the current inputs continue the positions (a call without a cache re-feeds exactly the "
         "committed history); masked slots may hold anything (transparent models are read exactly, tiny real models "
         "against a batch-size-1 run's K/V)",
-        check_i2,
+        {DECODER: check_i2, ENGINE: step_i2},
         i2_signature,
         per_call=True,
-        subjects=(DECODER, ENGINE),
+        caches=("rows", "views"),
+    ),
+    Check(
+        "paged",
+        "paged layout",
+        "every target forward of a paged engine (vLLM in process, transformers' continuous batching): the query "
+        "spans partition the packed tokens, each request's context length is its committed tokens plus its query, "
+        "its positions continue its committed length, each token is written at "
+        "`block_table[pos // block_size] * block_size + pos % block_size` of its own request, no block is written "
+        "by two live requests, and every attended slot holds that request's own K/V",
+        {PAGED: paged_layout},
+        paged_signature,
+        per_call=True,
     ),
     Check(
         "equivalence",
@@ -308,16 +414,22 @@ CHECKS: tuple[Check, ...] = (
         "the noise is a numerical tie and the comparison re-syncs onto the decoder's token (real models: the "
         "two tokens' gap in a higher-precision score of the shared prefix against the measured noise floor; "
         "built-in models: the oracle's top-1/top-2 margin against the dtype's rounding tolerance)",
-        check_equivalence,
+        {
+            DECODER: check_equivalence,
+            ENGINE: step_equivalence,
+            BLACK_BOX: record_equivalence,
+            PAGED: paged_equivalence,
+        },
         equivalence_signature,
-        subjects=(DECODER, ENGINE, BLACK_BOX),
+        needs=(REQUESTS_RECORDED,),
+        caches=("equivalence",),
     ),
     Check(
         "token-preservation",
         "token preservation",
         "with the scripted draft, each round keeps exactly the drafts the schedule allows: none thrown away, "
         "none kept after rejection",
-        check_token_preservation,
+        {DECODER: check_token_preservation},
         lambda first, run: ("output-equivalent", "the output is right but drafts were lost or kept wrongly"),
         needs=(SCRIPTED_DRAFT,),
     ),
@@ -326,16 +438,20 @@ CHECKS: tuple[Check, ...] = (
         "liveness",
         "every request finishes, and none waits more target calls than the decoder's declared `max_wait_calls`, "
         "counted from the start of `generate` to its first target call and between two of its calls",
-        liveness,
+        {
+            DECODER: liveness,
+            ENGINE: step_liveness,
+            BLACK_BOX: record_liveness,
+            PAGED: paged_liveness,
+        },
         liveness_signature,
-        needs=(DECLARED_BOUND, EVERY_CALL_SEEN),
-        subjects=(DECODER, ENGINE, BLACK_BOX),
+        needs=(DECLARED_BOUND, EVERY_CALL_SEEN, REQUESTS_RECORDED),
     ),
     Check(
         "grouped-no-realignment",
         "grouped batches need no realignment",
         "between two grouped (pad-free) target calls of a request its cache slots stay where they were",
-        check_grouped_no_realignment,
+        {DECODER: check_grouped_no_realignment},
         scheduling_signature("a grouped batch moved a request's cache slots (it needed no realignment)"),
         needs=(GROUPED_PAIR,),
     ),
@@ -343,26 +459,33 @@ CHECKS: tuple[Check, ...] = (
         "order-independence",
         "order independence",
         "the same requests in another pool order (rotated by one row) give the same outputs, permuted",
-        order_independence,
+        {DECODER: order_independence},
         scheduling_signature("the output depends on the order of requests in the pool"),
         needs=(A_BATCH, BUILT_IN_MODEL),
-    ),
-    Check(
-        "paged",
-        "vLLM paged layout",
-        "every target forward of an in-process vLLM: the query spans partition the packed tokens, each request's "
-        "context length is its committed tokens plus its query, its positions continue its committed length, each "
-        "token is written at `block_table[pos // block_size] * block_size + pos % block_size` of its own request, "
-        "no block is written by two live requests, and every attended slot holds that request's own K/V",
-        check_paged,
-        paged_signature,
-        per_call=True,
-        subjects=(VLLM,),
     ),
 )
 
 CHECK_ORDER = tuple(check.name for check in CHECKS)
 _BY_NAME = {check.name: check for check in CHECKS}
+
+
+def validate(checks: tuple[Check, ...]) -> None:
+    """What the registry must hold for every subject's judge to dispatch through it (run at
+    import, so a gap is an import error, never a KeyError in the middle of a run): names once,
+    the contract first (it short-circuits), the rules table (`contracts.rules.CHECK_RULES`, what a
+    known-failures file is validated against) naming these checks in this order, and every subject
+    judged by some check."""
+    names = [check.name for check in checks]
+    if len(set(names)) != len(names) or not names or names[0] != "contract":
+        raise RegistryError(f"check names {names}: each once, the contract first")
+    idle = [s for s in SUBJECTS if not any(s in check.implementations for check in checks)]
+    if idle:
+        raise RegistryError(f"subjects {idle} are judged by no check")
+    if tuple(CHECK_RULES) != tuple(names):
+        raise RegistryError(f"contracts.rules.CHECK_RULES names {list(CHECK_RULES)}, the registry {names}")
+
+
+validate(CHECKS)
 
 
 def check_named(name: str) -> Check:
@@ -374,45 +497,73 @@ def check_named(name: str) -> Check:
 
 
 # ---------------------------------------------------------------------------------------
-# Judging a run
+# Judging a subject's evidence
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """One check on one run: pass, fail (with its violations) or not applicable (with why)."""
+class CheckOutcome:
+    """One check on one subject's evidence: pass, fail (with its violations) or not applicable (with why)."""
 
     check: str
     status: str  # PASS, FAIL or NOT_APPLICABLE
     violations: tuple[Violation, ...] = ()
-    why: str = ""  # for NOT_APPLICABLE: what the run lacks
+    why: str = ""  # for NOT_APPLICABLE: what the evidence lacks
 
 
-def judge(name: str, run: Run) -> Outcome:
-    """Check `name` on `run`, computed once per run (kept in `run.derived`)."""
+CONTRACT_BROKEN = "the {subject} broke its contract"
+COULD_NOT_JUDGE = "could not be judged on this evidence"
+STEPPED_SUBJECTS = frozenset({ENGINE})
+"""Subjects judged step by step by a judge that keeps state across steps (an engine's). A check
+that cannot read a step is a bug of the judge, raised, not reported as not applicable; and the
+checks after the step's first failing one are not applicable (the session stops there, and a
+later check would read what the earlier one found broken: I2 rows of a malformed batch)."""
+
+
+def outcome_of(name: str, run: Run) -> CheckOutcome:
+    """Check `name` on a decoder's `run`, computed once per run (kept in `run.derived`)."""
     outcomes = run.derived.outcomes
     if name not in outcomes:
-        outcomes[name] = _judge(check_named(name), run)
+        broken = name != "contract" and outcome_of("contract", run).status == FAIL
+        outcomes[name] = contract_broken(name, "decoder") if broken else judged(check_named(name), DECODER, run)
     return outcomes[name]
 
 
-def _judge(check: Check, run: Run) -> Outcome:
-    if check.name != "contract" and judge("contract", run).status == FAIL:
-        return Outcome(check.name, NOT_APPLICABLE, why="the run broke the decoder contract")
-    why = check.applies(run)
+def contract_broken(name: str, subject: str) -> CheckOutcome:
+    return CheckOutcome(name, NOT_APPLICABLE, why=CONTRACT_BROKEN.format(subject=subject))
+
+
+def skipped(name: str, subject: str, outcomes: list[CheckOutcome]) -> CheckOutcome | None:
+    """Not applicable after a contract break, or for a stepped subject after any failure."""
+    first = next((o for o in outcomes if o.status == FAIL), None)
+    if first is None:
+        return None
+    if first.check == "contract":
+        return contract_broken(name, subject)
+    if subject in STEPPED_SUBJECTS:
+        return CheckOutcome(name, NOT_APPLICABLE, why=f"{first.check} failed first in this {subject} step")
+    return None
+
+
+def judged(check: Check, subject: str, evidence: Any) -> CheckOutcome:
+    """`check` on `evidence` of `subject`, through its implementation for that subject."""
+    why = check.applies(evidence, subject)
     if why is not None:
-        return Outcome(check.name, NOT_APPLICABLE, why=why)
+        return CheckOutcome(check.name, NOT_APPLICABLE, why=why)
     try:
-        found = sorted(check.function(run), key=lambda v: v.call if v.call is not None else 1 << 30)
+        found = check.implementations[subject](evidence)
     except Exception as exc:  # a degenerate run the check cannot read is reported, never raised out of a check
-        return Outcome(check.name, NOT_APPLICABLE, why=f"could not be judged on this run ({type(exc).__name__}: {exc})")
-    return Outcome(check.name, FAIL if found else PASS, tuple(found))
+        if subject in STEPPED_SUBJECTS:
+            raise
+        return CheckOutcome(check.name, NOT_APPLICABLE, why=f"{COULD_NOT_JUDGE} ({type(exc).__name__}: {exc})")
+    found = sorted(found, key=lambda v: v.call if v.call is not None else 1 << 30)
+    return CheckOutcome(check.name, FAIL if found else PASS, tuple(found))
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Every check of the registry on one run, in order."""
+    """Every check of the registry that judges one subject, on one piece of its evidence, in order."""
 
-    outcomes: tuple[Outcome, ...]
+    outcomes: tuple[CheckOutcome, ...]
 
     @property
     def violations(self) -> list[Violation]:
@@ -420,7 +571,7 @@ class Evaluation:
         return [v for outcome in self.outcomes for v in outcome.violations]
 
     @property
-    def first_failure(self) -> Outcome | None:
+    def first_failure(self) -> CheckOutcome | None:
         return next((o for o in self.outcomes if o.status == FAIL), None)
 
     @property
@@ -432,23 +583,45 @@ class Evaluation:
         """(check, status) in order."""
         return tuple((o.check, o.status) for o in self.outcomes)
 
-    def outcome(self, name: str) -> Outcome:
+    def outcome(self, name: str) -> CheckOutcome:
         return next(o for o in self.outcomes if o.check == check_named(name).name)
 
 
-BATCH_CHECKS = tuple(check for check in CHECKS if DECODER in check.subjects)
-BATCH_ORDER = tuple(check.name for check in BATCH_CHECKS)
-"""What a batch run (a decoder's, a real model's) is judged by: every check but the paged layout's."""
+def checks_for(subject: str) -> tuple[Check, ...]:
+    """The checks that judge `subject` (see SUBJECTS), in the registry's order."""
+    if subject not in SUBJECTS:
+        raise ValueError(f"unknown subject {subject!r}; the subjects are {', '.join(SUBJECTS)}")
+    return tuple(check for check in CHECKS if subject in check.implementations)
 
 
 def order_for(subject: str) -> tuple[str, ...]:
-    """The checks that judge `subject` (see SUBJECTS), in the registry's order."""
-    return tuple(check.name for check in CHECKS if subject in check.subjects)
+    """The names of the checks that judge `subject`, in the registry's order."""
+    return tuple(check.name for check in checks_for(subject))
 
 
-def evaluate(run: Run) -> Evaluation:
-    """Every check of a batch run on `run`; after a contract break the others are not applicable."""
-    return Evaluation(tuple(judge(check.name, run) for check in BATCH_CHECKS))
+BATCH_CHECKS = checks_for(DECODER)
+BATCH_ORDER = order_for(DECODER)
+"""What a batch run (a decoder's, a real model's) is judged by: every check with a decoder implementation."""
+
+
+def evaluate(subject: str | Run, evidence: Any = None) -> Evaluation:
+    """Every check that judges `subject` on its `evidence`, in the registry's order, each through
+    its implementation for that subject; after a contract break the others are not applicable
+    (for an engine step, after any failure: `STEPPED_SUBJECTS`).
+
+    The one entry every subject's judge calls: `evaluate(DECODER, run)` (or `evaluate(run)`) for a
+    decoder's run, `evaluate(ENGINE, step)` for an engine step (`checks.engine_step.EngineStep`),
+    `evaluate(BLACK_BOX, answers)` for a black box's (`checks.outputs.OutputEvidence`),
+    `evaluate(PAGED, run)` for a paged engine's (`running.paged.PagedRun`)."""
+    if not isinstance(subject, str):
+        subject, evidence = DECODER, subject
+    checks = checks_for(subject)
+    if subject == DECODER:
+        return Evaluation(tuple(outcome_of(check.name, evidence) for check in checks))
+    outcomes: list[CheckOutcome] = []
+    for check in checks:
+        outcomes.append(skipped(check.name, subject, outcomes) or judged(check, subject, evidence))
+    return Evaluation(tuple(outcomes))
 
 
 def all_violations(run: Run) -> list[Violation]:
@@ -456,7 +629,7 @@ def all_violations(run: Run) -> list[Violation]:
     return evaluate(run).violations
 
 
-def first_signature(run: Run) -> tuple[Outcome, Signature] | None:
+def first_signature(run: Run) -> tuple[CheckOutcome, Signature] | None:
     """The first failing check's outcome and the signature its first violation maps to."""
     first = evaluate(run).first_failure
     if first is None:
@@ -482,8 +655,9 @@ def markdown_table() -> str:
         "|---|---|---|---|---|",
     ]
     for check in CHECKS:
-        when = "; ".join(need.reason for need in check.needs) or "-"
-        if VLLM in check.subjects:
-            when = "any batch run: it judges an in-process vLLM trace (`specaudit observe-vllm`, `make test-vllm`)"
+        when = "; ".join(need.reason if need.subject == DECODER else f"({need.subject}) {need.reason}"
+                         for need in check.needs) or "-"  # fmt: skip
+        if DECODER not in check.subjects:
+            when = "any batch run: it judges a paged engine's trace (`specaudit observe-vllm`, `make test-vllm`)"
         lines.append(f"| `{check.name}` | {check.title} | {check.statement} | {', '.join(check.subjects)} | {when} |")
     return "\n".join(lines)

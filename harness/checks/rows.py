@@ -53,6 +53,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specaudit.checks.agreement import common_prefix, equivalence
+from specaudit.checks.cache import cached
 from specaudit.checks.kv import Alternative, KVReader
 from specaudit.checks.observe import NO_TOKEN, UNKNOWN, Observation, common_prefixes, draft_between, observe
 from specaudit.fixtures.pairs import is_exact
@@ -357,7 +358,7 @@ class RowFollower:
         for b, r in pairs:
             m, length = int(obs.past[b]), int(obs.length[b])
             row = Row(call, b, r, m, length, tokens[b][:length], positions[b][:length], slots[b][:length])
-            fault, is_chunk, stream = self.judge(row, int(cp[b, r]), bool(chunk[b, r]), own_past[b])
+            fault, is_chunk, stream = self.judge_row(row, int(cp[b, r]), bool(chunk[b, r]), own_past[b])
             if fault is not None:
                 self.faults.append(fault)
             self.history[r].append(len(self.views))
@@ -506,7 +507,7 @@ class RowFollower:
         self.state[r] = replace(self.state[r], known=known, stream=stream, row=b, order=call.order)
         self.seen[r] = True
 
-    def judge(self, row: Row, cp: int, chunk: bool, own_past: torch.Tensor) -> tuple[Fault | None, bool, tuple]:
+    def judge_row(self, row: Row, cp: int, chunk: bool, own_past: torch.Tensor) -> tuple[Fault | None, bool, tuple]:
         """The row's first fault (None if it attends what its request needs), whether it is a
         chunk of its request's round, and its stream (a real model's past read as its request's)."""
         sequence = self.sequences[row.request]
@@ -669,7 +670,8 @@ def most_held(held: torch.Tensor, b: int) -> int:
 def follow_rows(run: Run) -> RowTrace:
     """Bind every row of every target call to its request (memoized per run): each request
     read against what its cache should hold (`held_histories`)."""
-    if run.derived.rows is None:
+
+    def follow() -> RowTrace:
         assert run.outputs is not None
         oracles = [p + eq.reference for p, eq in zip(run.case.prompts, equivalence(run).rows)]
         committed = [p + tuple(o) for p, o in zip(run.case.prompts, run.outputs)]
@@ -677,8 +679,9 @@ def follow_rows(run: Run) -> RowTrace:
         held = held_histories(committed, oracles, trace)
         if held != committed:
             trace = RowFollower.of_run(run, held, oracles).follow()
-        run.derived.rows = trace
-    return run.derived.rows
+        return trace
+
+    return cached(run, "I2", "rows", follow)
 
 
 def held_histories(

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 
 from specaudit.checks import RowView, row_views
-from specaudit.checks.liveness import Ledger, overdue, settle, unfinished
+from specaudit.checks.liveness import WaitLedger, overdue, settle, unfinished
 from specaudit.contracts.case import Case
 from specaudit.contracts.violation import Violation
 from specaudit.fixtures.pairs import is_exact
@@ -46,7 +46,7 @@ def check_liveness(run: Run, max_wait_calls: int | None) -> list[Violation]:
     return unfinished(ledger) + overdue(ledger)
 
 
-def decoder_ledger(run: Run, max_wait_calls: int | None) -> Ledger:
+def decoder_ledger(run: Run, max_wait_calls: int | None) -> WaitLedger:
     """A decoder run's ledger, in target calls. A request waits from the start of `generate` to
     its first call (queue time), counting only calls with room for it (all of them, or, for a
     decoder declaring `max_batch_size`, those made while fewer than that many requests were
@@ -55,7 +55,7 @@ def decoder_ledger(run: Run, max_wait_calls: int | None) -> Ledger:
     by_request = calls_by_request(run)
     capacity = getattr(run.instance, "max_batch_size", None)
     spans = [(c[0], c[-1]) for c in by_request.values() if c]
-    ledger = settle(Ledger("target calls", max_wait_calls, "max_wait_calls"), run.record)
+    ledger = settle(WaitLedger("target calls", max_wait_calls, "max_wait_calls"), run.record)
     for r, tenure in ledger.tenures.items():
         calls = tenure.served = by_request.get(r, [])
         if calls:

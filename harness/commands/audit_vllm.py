@@ -1,31 +1,43 @@
-"""`specaudit audit-vllm`: `specaudit blackbox` against a real vLLM server, once per served
-configuration (control, ngram, draft model).
+"""`specaudit audit-vllm`: vLLM at both levels, once per served model and configuration
+(control, ngram, draft model, the target as its own draft).
 
-The server's lifecycle, /metrics and the report are `specaudit.adapters.vllm_server`'s; this
-module drives them with the black-box command, in the commands layer because it runs one.
+The black box: `specaudit blackbox` against a vLLM OpenAI-compatible server (started with
+`--block-size 32`, so outputs cross block boundaries), /metrics read around it. The white box:
+`python -m specaudit whitebox-vllm` with the vLLM venv's python, Hypothesis drawing
+workloads through an in-process engine whose settings the configuration names
+(`adapters.vllm_server.WHITEBOX`). One report, an entry per level per configuration
+(`adapters.vllm_report`). In the commands layer because it runs commands.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from specaudit.adapters.vllm_server import (
+from specaudit.adapters.vllm_lifecycle import (
     HOST,
     SERVER_ENV,
-    Outcome,
     ServerError,
     check_python,
-    fetch_counts,
     free_port,
-    from_report,
-    model_directories,
     server_command,
     serving,
+)
+from specaudit.adapters.vllm_metrics import fetch_counts
+from specaudit.adapters.vllm_models import model_directories
+from specaudit.adapters.vllm_report import ConfigurationOutcome, from_report, write_reports
+from specaudit.adapters.vllm_server import (
+    SERVER_BLOCK,
     speculative_config,
-    write_reports,
+    whitebox_arguments,
+    whitebox_options,
+    write_prompts,
 )
 from specaudit.artifacts.report import load_report
 from specaudit.commands.blackbox import run_blackbox
@@ -33,47 +45,91 @@ from specaudit.config.settings import BlackboxSettings, VllmAuditSettings
 from specaudit.contracts.errors import UsageError
 from specaudit.models.pretrained import cache_dir
 
+WHITEBOX_STARTUP_S = 240.0  # building the engine and the model before the budget starts
+WHITEBOX_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **SERVER_ENV}
+
 
 def audit_configuration(
     settings: VllmAuditSettings, model: str, configuration: str, target: Path, draft: Path, say: Callable[[str], None]
-) -> Outcome:
-    """Serve `target` with the configuration, audit it black-box, read /metrics around it; the server always stops."""
+) -> ConfigurationOutcome:
+    """Both levels of one configuration; the server always stops."""
+    outcome = blackbox_configuration(settings, model, configuration, target, draft, say)
+    if settings.whitebox_examples <= 0:
+        return outcome
+    whitebox = whitebox_configuration(settings, model, configuration, target, draft, say)
+    return ConfigurationOutcome(**{**outcome.__dict__, "whitebox": whitebox})
 
-    spec = speculative_config(configuration, draft)
+
+def blackbox_configuration(
+    settings: VllmAuditSettings, model: str, configuration: str, target: Path, draft: Path, say: Callable[[str], None]
+) -> ConfigurationOutcome:
+    """Serve `target` with the configuration, audit it black-box, read /metrics around it."""
+    spec = speculative_config(configuration, draft, target)
     port = free_port()
     url = f"http://{HOST}:{port}"
     out = settings.out / f"{model}-{configuration}"
     start = time.monotonic()
     say(f"{model} / {configuration}: starting vLLM on {url} (log {out / 'server.log'})")
+    command = server_command(settings.python, target, port, spec) + list(SERVER_BLOCK)
     try:
-        with serving(server_command(settings.python, target, port, spec), url, out / "server.log",
-                     settings.health_timeout_s, SERVER_ENV) as server:  # fmt: skip
+        with serving(command, url, out / "server.log", settings.health_timeout_s, SERVER_ENV) as server:
             startup = time.monotonic() - start
             say(f"{model} / {configuration}: healthy after {startup:.1f} s (pid {server.pid}); auditing")
             before = fetch_counts(url)
+            prompts = write_prompts(out / "prompts.jsonl", target, settings.requests, settings.seed)
             blackbox = BlackboxSettings(
                 target=str(target), server=url, requests=settings.requests, max_new_tokens=settings.max_new_tokens,
-                seed=settings.seed, spread=settings.spread, served_model=str(target),
+                seed=settings.seed, spread=settings.spread, served_model=str(target), prompts=prompts,
                 timeout_s=settings.request_timeout_s,
                 dtype="float32", out=out, quiet=True,
             )  # fmt: skip
             run_blackbox(blackbox)
             counts = fetch_counts(url) - before
     except (ServerError, OSError, UsageError) as exc:
-        return Outcome(model, configuration, spec, False, "server or audit error", error=str(exc),
-                       wall_s=time.monotonic() - start)  # fmt: skip
+        return ConfigurationOutcome(model, configuration, spec, False, "server or audit error", error=str(exc),
+                                    wall_s=time.monotonic() - start)  # fmt: skip
     (report,) = load_report(out / "report.json")["entries"]
     figures = from_report(report)
-    return Outcome(model, configuration, spec, counts=counts, startup_s=startup, wall_s=time.monotonic() - start,
-                   **figures)  # fmt: skip
+    return ConfigurationOutcome(model, configuration, spec, counts=counts, startup_s=startup,
+                                wall_s=time.monotonic() - start, **figures)  # fmt: skip
+
+
+def whitebox_configuration(
+    settings: VllmAuditSettings, model: str, configuration: str, target: Path, draft: Path, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """The white box in the vLLM venv (one engine per process); its JSON result, or a failed
+    one with the error when it did not finish."""
+    out = settings.out / f"{model}-{configuration}"
+    result = out / "whitebox.json"
+    result.unlink(missing_ok=True)
+    command = [settings.python, "-m", "specaudit", "whitebox-vllm",
+               *whitebox_arguments(whitebox_options(configuration), target, draft),
+               "--examples", str(settings.whitebox_examples), "--minutes", str(settings.whitebox_minutes),
+               "--seed", str(settings.seed), "--json", str(result), "--out", str(out)]  # fmt: skip
+    say(f"{model} / {configuration}: white box, up to {settings.whitebox_examples} drawn workloads")
+    timeout = WHITEBOX_STARTUP_S + 60.0 * settings.whitebox_minutes * 2
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with (out / "whitebox.log").open("wb") as log:
+            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                           env={**os.environ, **WHITEBOX_ENV})  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"passed": False, "error": f"the white box did not finish within {timeout:g} s ({out / 'whitebox.log'})"}
+    if not result.is_file():
+        return {"passed": False, "error": f"the white box wrote no result; see {out / 'whitebox.log'}"}
+    found: dict[str, Any] = json.loads(result.read_text())
+    verdict = "passed" if found.get("passed") else f"FAILED (reproducer {found.get('reproducer')})"
+    say(f"{model} / {configuration}: white box {verdict} after {found.get('examples')} workloads")
+    return found
 
 
 def run_audit_vllm(settings: VllmAuditSettings, say: Callable[[str], None] | None = None) -> int:
-    """Every model x configuration in turn; write report.md and report.json; exit 0 only if all pass."""
+    """Every model x configuration in turn, both levels; write report.md and report.json; exit 0
+    only if all pass."""
     say = say or (lambda text: print(f"specaudit: {text}", file=sys.stderr, flush=True))
     version = check_python(settings.python)
     root = settings.cache or cache_dir() / "vllm"
-    outcomes: list[Outcome] = []
+    outcomes: list[ConfigurationOutcome] = []
     start = time.monotonic()
     for model in settings.models:
         target, draft = model_directories(model, root, say)
@@ -82,4 +138,4 @@ def run_audit_vllm(settings: VllmAuditSettings, say: Callable[[str], None] | Non
             write_reports(settings, outcomes, time.monotonic() - start, version)
     text = write_reports(settings, outcomes, time.monotonic() - start, version)
     print(text, end="")
-    return 0 if all(o.passed for o in outcomes) else 1
+    return 0 if all(o.all_passed for o in outcomes) else 1

@@ -58,7 +58,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         if built_in:
             raise UsageError(f"{', '.join(built_in)}: built-in models only, not with --target (real-model mode)")
         real = real_audit_settings(args)
-        from specaudit.adapters.realaudit import run_real_audit
+        from specaudit.audits.realaudit import run_real_audit
 
         return run_real_audit(real)
     given = [f"--{name.replace('_', '-')}" for name in REAL_MODEL_ONLY if getattr(args, name) is not None]
@@ -75,7 +75,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         xfails=load_xfails(args.xfails) if args.xfails is not None else KnownFailures(),
         jobs=args.jobs,
     )
-    from specaudit.artifacts.audit import run_audit
+    from specaudit.audits.audit import run_audit
 
     return run_audit(settings)
 
@@ -168,7 +168,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         engines=tuple(args.engine),
         jobs=args.jobs,
     )
-    from specaudit.artifacts.gate import run_gate
+    from specaudit.audits.gate import run_gate
 
     return run_gate(settings)
 
@@ -455,6 +455,8 @@ def vllm_settings(args: argparse.Namespace) -> VllmAuditSettings:
         health_timeout_s=args.health_timeout,
         request_timeout_s=args.timeout,
         out=args.out,
+        whitebox_examples=args.whitebox_examples,
+        whitebox_minutes=args.whitebox_minutes,
     )
 
 
@@ -494,18 +496,23 @@ def add_vllm(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per request")
     parser.add_argument("--out", type=Path, default=Path("specaudit-out/vllm"), metavar="DIR", help="report dir")
+    wb = "the in-process white box"
+    parser.add_argument("--whitebox-examples", type=int, default=6, metavar="N",
+                        help=f"workloads {wb} draws per configuration (0: black box only)")  # fmt: skip
+    parser.add_argument("--whitebox-minutes", type=float, default=2.0, metavar="M",
+                        help=f"{wb}'s budget per configuration, drawing and shrinking")  # fmt: skip
     parser.set_defaults(func=cmd_audit_vllm)
 
 
 def cmd_observe_vllm(args: argparse.Namespace) -> int:
     """vLLM in process, every target forward observed and judged by the paged-layout checks."""
-    from specaudit.adapters.vllm_server import default_workload, observe_in_process, write_paged_failure
+    from specaudit.adapters.vllm_whitebox import default_payload, observe_in_process, write_failure
 
-    run = observe_in_process(args.model, args.draft, default_workload(args.new_tokens))
+    run = observe_in_process(args.model, args.draft, default_payload(args.new_tokens))
     print(run.render())
     if run.passed:
         return EXIT_PASS
-    print(f"reproducer written to {write_paged_failure(args.out, run)}")
+    print(f"reproducer written to {write_failure(args.out, run)}")
     return EXIT_FAIL
 
 
@@ -516,7 +523,8 @@ def add_observe_vllm(sub: argparse._SubParsersAction) -> None:
         description="Four greedy requests arriving at different steps, one aborted, through an in-process vllm.LLM "
         "(float32, eager); every target forward's packed tokens, positions, query spans, context lengths, slot "
         "mapping and block table are recorded and judged by the paged-layout checks, and the K/V written are "
-        "compared with the model's batch-size-1 entries. Exit 0 when no paged rule is broken.",
+        "compared with the model's batch-size-1 entries; each request's output is judged against batch-size-1 "
+        "greedy. Exit 0 when no paged or output rule is broken.",
     )
     parser.add_argument("model", help="a model directory, or a built-in name (smollm2)")
     parser.add_argument("--draft", help="a draft model directory or name (default: ngram prompt lookup)")
@@ -525,6 +533,47 @@ def add_observe_vllm(sub: argparse._SubParsersAction) -> None:
         "--out", type=Path, default=Path("specaudit-out/vllm-observe"), metavar="DIR", help="a failure's reproducer"
     )
     parser.set_defaults(func=cmd_observe_vllm)
+
+
+def cmd_whitebox_vllm(args: argparse.Namespace) -> int:
+    """vLLM's white box for one configuration: drawn workloads through an in-process engine."""
+    from specaudit.adapters.vllm_whitebox import EngineOptions
+    from specaudit.commands.whitebox_vllm import WhiteboxSettings, run_whitebox
+
+    options = EngineOptions(args.method, args.k, args.block_size, args.max_num_batched_tokens, args.kv_blocks,
+                            args.prefix_caching, args.max_model_len)  # fmt: skip
+    return run_whitebox(WhiteboxSettings(args.model, args.json, args.draft, options, args.max_prompt, args.max_tokens,
+                                         args.examples, args.minutes, args.seed, args.mutant, args.out))  # fmt: skip
+
+
+def add_whitebox_vllm(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "whitebox-vllm",
+        help="vLLM's white box for one engine configuration under drawn workloads (run from the vLLM venv)",
+        description="Hypothesis draws workloads (arrivals, aborts, duplicate and shared-prefix prompts, lengths "
+        "across block boundaries, max_tokens, a stop token) through an in-process vllm.LLM; every target forward is "
+        "judged by the paged rules and every request by its outputs; a failure is shrunk within the budget and "
+        "written as a reproducer. `specaudit audit-vllm` runs it per configuration. Exit 1 on a failure.",
+    )
+    add = parser.add_argument
+    add("--model", required=True, help="the target's directory")
+    add("--draft", help="the draft model's directory (method draft)")
+    add("--method", default="ngram", choices=["ngram", "draft", "self-draft", "none"])
+    add("--k", type=int, default=3, help="draft tokens per step (1..7)")
+    add("--block-size", type=int, default=32)
+    add("--max-num-batched-tokens", type=int, help="small: chunked prefill")
+    add("--kv-blocks", type=int, help="small: preemption")
+    add("--prefix-caching", action="store_true")
+    add("--max-model-len", type=int, default=512)
+    add("--max-prompt", type=int, default=48, help="longest prompt drawn")
+    add("--max-tokens", type=int, default=48, help="largest max_tokens drawn")
+    add("--examples", type=int, default=8, help="workloads drawn at most")
+    add("--minutes", type=float, default=3.0, help="the budget, drawing and shrinking")
+    add("--seed", type=int, default=0)
+    add("--mutant", help="plant this bug of specaudit.reference.vllm_mutants for the run")
+    add("--json", type=Path, required=True, help="where the result goes")
+    add("--out", type=Path, default=Path("specaudit-out/vllm-whitebox"), help="a failure's reproducer")
+    parser.set_defaults(func=cmd_whitebox_vllm)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -543,6 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_blackbox,
         add_vllm,
         add_observe_vllm,
+        add_whitebox_vllm,
     )
     for add in adders:
         add(sub)

@@ -2,7 +2,7 @@
 
 The case (any case file: one written by hand, by a real-model run, or a reproducer the suite
 left behind) is run against the decoder; if it fails, `specaudit.search.ddmin.minimize_case` shrinks
-it keeping the failure class, and `specaudit.artifacts.reproducer.write_failure` writes two files to
+it keeping the failure class, and `specaudit.audits.regression.write_failure` writes two files to
 the output directory:
 
   <name>.json                  the minimized case as a reproducer (replayable with
@@ -21,14 +21,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specaudit.artifacts.reproducer import (
-    identifier,
-    load_case,
-    load_engine_reproducer,
-    replay_engine_rules,
-    write_engine_failure,
-    write_failure,
-)
+from specaudit.artifacts.reproducer import identifier, load_case, load_engine_reproducer
+from specaudit.audits.regression import write_engine_failure, write_failure
+from specaudit.commands.replay import replay_engine_rules
 from specaudit.config.settings import EngineMinimizeSettings, MinimizeSettings
 from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.errors import UsageError

@@ -3,7 +3,7 @@
 It only adds `--specaudit-*` options and the `specaudit` marker. Everything else acts on
 tests marked `specaudit` or asking for the `specaudit_decoder` fixture: parametrizing them by
 decoder and model, writing the shrunk case (or engine rule sequence) a failing property noted on
-its item (`item.stash[FAILURE]`, see `specaudit.artifacts.reproducer.remember_failure`) to disk, and listing the
+its item (`item.stash[FAILURE]`, see `specaudit.commands.pytest_notes.remember_failure`) to disk, and listing the
 --specaudit-xfails entries no failure matched (under pytest-xdist each worker sends the
 entries it saw matching back to the controller, which lists them). Hypothesis profiles,
 the unprefixed `--decoder`/`--models` and torch's thread setting belong to the conformance
@@ -120,7 +120,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
     signed = failure if first is None or first[0] is None else dict(failure, signature=first[0])
     path = write(item.config.getoption("specaudit_out"), item.name, signed)  # property[decoder-model]
     report.sections.append(("specaudit", f"reproducer written to {path}"))
-    failed, tries = replay(failure, failed_once=None if first is None else first[1])
+    failed, tries = rerun_failure(failure, failed_once=None if first is None else first[1])
     if failed < tries:  # a verdict of its own: what fails only sometimes cannot be known-failed either
         what = "engine" if is_engine(failure) else "decoder"
         report.sections.append(
@@ -166,15 +166,15 @@ def diagnosed_again(failure: dict) -> tuple[str | None, bool] | None:
     return (None, False) if found is None else (found[1][0], True)
 
 
-def replay(failure: dict, tries: int = 3, failed_once: bool | None = None) -> tuple[int, int]:
+def rerun_failure(failure: dict, tries: int = 3, failed_once: bool | None = None) -> tuple[int, int]:
     """How often the failing case (or rule sequence) fails again, run afresh `tries` times;
     `failed_once`, where a decoder's case was already run once afresh (`diagnosed_again`), is that
     run's outcome, counted as the first of the tries."""
     if is_engine(failure):
-        from specaudit.artifacts.reproducer import replay_engine_rules
+        from specaudit.commands.replay import replay_engine_rules
 
         return sum(bool(replay_engine_rules(failure)) for _ in range(tries)), tries
-    from specaudit.artifacts.reproducer import replay_failures
+    from specaudit.commands.replay import replay_failures
     from specaudit.contracts.case import Case
 
     case, done = Case.from_json(failure["case"]), int(failed_once is not None)

@@ -1,29 +1,45 @@
 """Replay: any reproducer (`specaudit.artifacts.reproducer`'s one envelope, every kind) run again.
 
-`specaudit replay FILE` lands here. Apart from the reproducer format, because replaying reaches
-the subjects themselves: decoders, real models, engines, and servers through the black-box
-adapter, which writes reproducers of its own.
+`specaudit replay FILE` lands here, and so do the pytest plugin's re-runs of a failure it is
+about to write (`replay_failures`, `replay_engine_rules`). Apart from the reproducer format,
+because replaying reaches the subjects themselves: decoders, real models, engines, and servers
+through the black-box adapter, which writes reproducers of its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specaudit.artifacts.reproducer import (
-    KINDS,
-    Reproducer,
-    engine_failure_record,
-    load_reproducer,
-    replay_engine_rules,
-    validate,
-)
+from specaudit.artifacts.reproducer import KINDS, Reproducer, engine_failure_record, load_reproducer, validate
 from specaudit.checks.diagnosis import Diagnosis, diagnose
+from specaudit.checks.registry import all_violations
 from specaudit.contracts.builtins import check_model
+from specaudit.contracts.case import Case
+from specaudit.contracts.decoder import ContractError, load_decoder
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import Violation, render
 from specaudit.running.runner import run_case
+from specaudit.search.engine_replay import replay as replay_rules
+
+
+def replay_failures(spec: str, case: Case, factory: Any = None, n: int = 5) -> int:
+    """How many of `n` fresh runs of `case` fail a check: 0 or n for a deterministic decoder.
+
+    Anything in between is a nondeterministic decoder; report it with the rate k/n.
+    """
+    factory = factory or load_decoder(spec)
+    return sum(bool(all_violations(run_case(spec, case, factory=factory))) for _ in range(n))
+
+
+def replay_engine_rules(reproducer: dict[str, Any]) -> list[Violation]:
+    """`specaudit.search.engine_replay.replay`, with an engine that does not build ('engine-builds')
+    reported as its violation rather than raised."""
+    try:
+        return replay_rules(reproducer)
+    except ContractError as exc:
+        return [exc.violation()]
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,7 @@ APPLIES = {
     "engine-ops": ("engine",),
     "blackbox": ("engine", "server", "target"),
     "vllm-paged": ("target", "draft"),
+    "transformers-cb": (),
 }
 """The options of `ReplayOptions` each kind takes."""
 
@@ -89,6 +106,24 @@ class BlackboxReplay:
         return dict(self.result.to_json())
 
 
+@dataclass(frozen=True)
+class PagedReplay:
+    """A paged engine's workload run again in process (transformers' continuous batching): its
+    verdict, every forward and request judged by the registry's paged-engine checks."""
+
+    verdict: Any  # specaudit.adapters.transformers_cb.CbVerdict
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.verdict.passed)
+
+    def render(self) -> str:
+        return "\n".join([self.verdict.render(), *(f"  {v.render()}" for v in self.verdict.violations)])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"passed": self.passed, "violations": [asdict(v) for v in self.verdict.violations]}
+
+
 def check_options(reproducer: Reproducer, options: ReplayOptions) -> None:
     """A UsageError for an option the reproducer's kind does not take (--decoder on an engine's rules)."""
     taken = APPLIES[reproducer.kind]
@@ -126,8 +161,6 @@ def named(value: Any, flag: str, reproducer: Reproducer, what: str) -> str:
 
 def replay_decoder_case(reproducer: Reproducer, options: ReplayOptions) -> Diagnosis:
     """The case run against the decoder, every check on every call, diagnosed."""
-    from specaudit.contracts.decoder import load_decoder
-
     decoder = named(options.decoder or reproducer.subject.get("decoder"), DECODER_FLAG, reproducer, "decoder")
     case = reproducer.case
     try:
@@ -142,7 +175,6 @@ def replay_real_model(reproducer: Reproducer, options: ReplayOptions) -> Diagnos
     judged against their measured noise floor. A case written before the envelope names only
     its target (in its model label), so its draft must be given."""
     from specaudit.adapters.realmodel import audit_batch, run_batch
-    from specaudit.contracts.decoder import load_decoder
     from specaudit.models.loading import load_pair
     from specaudit.models.pretrained import cache_dir
     from specaudit.numerics.noise import measure_noise
@@ -184,7 +216,7 @@ def replay_vllm_paged(reproducer: Reproducer, options: ReplayOptions) -> Any:
     with the vLLM venv's python)."""
     import importlib.util
 
-    from specaudit.adapters.vllm_server import observe_in_process
+    from specaudit.adapters.vllm_whitebox import observe_in_process
 
     if importlib.util.find_spec("vllm") is None:
         raise UsageError(f"{reproducer.where} replays vLLM in process: run it with the vLLM venv's python")
@@ -193,10 +225,18 @@ def replay_vllm_paged(reproducer: Reproducer, options: ReplayOptions) -> Any:
     return observe_in_process(model, draft, reproducer.payload)
 
 
+def replay_transformers_cb(reproducer: Reproducer, options: ReplayOptions) -> PagedReplay:
+    """The workload through the installed transformers' continuous batching again."""
+    from specaudit.adapters.transformers_cb import replay_workload
+
+    return PagedReplay(replay_workload(reproducer.source))
+
+
 REPLAYERS = {
     "decoder-case": replay_decoder_case,
     "real-model": replay_real_model,
     "engine-ops": replay_engine_ops,
     "blackbox": replay_blackbox,
     "vllm-paged": replay_vllm_paged,
+    "transformers-cb": replay_transformers_cb,
 }

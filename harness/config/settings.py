@@ -1,7 +1,7 @@
 """Typed settings, one frozen dataclass per command, built once at the CLI boundary.
 
-The layers below (`specaudit.artifacts.audit`, `.gate`, `.minimize`, `.realaudit`) take these and never
-see argparse. Each dataclass checks its own ranges on construction and raises `UsageError`
+The layers below (`specaudit.audits.audit`, `.gate`, `.realaudit`, `specaudit.commands.minimize`) take these
+and never see argparse. Each dataclass checks its own ranges on construction and raises `UsageError`
 naming the flag, so a library caller gets the same message as a command-line user.
 Torch-free, like `specaudit.contracts.builtins`: the CLI builds them before anything heavy is imported.
 """
@@ -199,7 +199,7 @@ class BlackboxSettings:
 
 
 VLLM_DEFAULT_PYTHON = ".venv-vllm/bin/python"
-VLLM_CONFIGURATIONS = ("control", "ngram", "draft")
+VLLM_CONFIGURATIONS = ("control", "ngram", "draft", "self-draft")
 VLLM_MODEL_NAMES = ("tiny", "smollm2")
 
 
@@ -218,6 +218,8 @@ class VllmAuditSettings:
     request_timeout_s: float = 300.0
     out: Path = Path("specaudit-out/vllm")
     cache: Path | None = None
+    whitebox_examples: int = 6  # workloads the white box draws per configuration (0: black box only)
+    whitebox_minutes: float = 2.0  # the white box's budget per configuration, drawing and shrinking
 
     def __post_init__(self) -> None:
         bad = [m for m in self.models if m not in VLLM_MODEL_NAMES] + [

@@ -1,9 +1,11 @@
 """Every rule each check can emit, by name: what a known-failures file may list.
 
 Torch-free, because `specaudit.config.xfails` validates a file against it before anything heavy is
-imported (the checks themselves import torch). The checks own the rules; this table only
-names them, and tests/contracts/test_rules.py fails when a check emits a rule missing here (it reads the
-contract rule tables and the rule literals of the check modules).
+imported (the checks themselves import torch), and in the foundation layer, which cannot read
+the registry: so each registry entry reads its rules from here (`checks.registry.Check.rules`),
+the registry refuses to import while this table names other checks or another order
+(`checks.registry.validate`), and tests/contracts/test_rules.py fails when a check emits a rule
+missing here (it reads the contract rule tables and the rule literals of the check modules).
 """
 
 from __future__ import annotations
@@ -81,12 +83,12 @@ CHECK_RULES: dict[str, frozenset[str]] = {
             "duplicate-row",
         }
     ),
+    "paged": frozenset(PAGED_RULES),
     "equivalence": frozenset({"first-divergence"}),
     "token-preservation": frozenset({"verified-kept", "accepted-as-scheduled"}),
     "liveness": frozenset({"request-finishes", "bounded-queue", "bounded-wait"}),
     "grouped-no-realignment": frozenset({"slots-stay"}),
     "order-independence": frozenset({"keeps-contract", "same-output"}),
-    "paged": frozenset(PAGED_RULES),
 }
 """Check name (in the registry's order) -> the rule names its violations carry."""
 

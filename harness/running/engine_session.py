@@ -1,9 +1,10 @@
 """Engine sessions: a step-wise engine on instrumented built-in models, every step recorded.
 
-A session applies the state machine's rules (add a request, step, abort, drain) to one engine
-and keeps the evidence: the instrumented target and draft calls, the engine's book of requests
-(prompt, tokens so far, aborted or finished), and per request its exact history (prompt + the
-oracle's continuation) and, on a tiny real model, that history's batch-size-1 K/V. The contract
+A session applies the state machine's rules (`specaudit.contracts.engine_rules`: add a request,
+step, abort, drain) to one engine, logs them as `EngineRules`, and keeps the evidence: the
+instrumented target and draft calls, the engine's book of requests (prompt, tokens so far,
+aborted or finished), and per request its exact history (prompt + the oracle's continuation)
+and, on a tiny real model, that history's batch-size-1 K/V. The contract
 and side-effect guard run here (`engine-*` rules, hooks, models unchanged); what each step means
 is the judge's (`specaudit.checks.engine`), passed in, so that running stays below judging.
 """
@@ -23,6 +24,7 @@ import torch
 from specaudit.contracts.builtins import check_model
 from specaudit.contracts.decoder import ContractError
 from specaudit.contracts.engine import ENGINE_RULES, EngineBook, build_engine, declared, engine_error, load_engine
+from specaudit.contracts.engine_rules import Abort, AddRequest, Drain, EngineRules, Op, Step
 from specaudit.contracts.violation import Violation
 from specaudit.fixtures.pairs import is_exact, target_model
 from specaudit.fixtures.transparent import RequestScript, Script, ScriptedDraft, scripted_draft, transparent_target
@@ -53,17 +55,7 @@ class StepJudge(Protocol):
 
     def drained(self, budget: int) -> list[Violation]: ...
 
-    def failure(self, violations: list[Violation], reproducer: dict[str, Any]) -> BaseException: ...
-
-
-@dataclass(frozen=True)
-class Request:
-    """One add_request rule: what the engine is asked for and what the draft will get right."""
-
-    request_id: int
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    accept: tuple[bool, ...]  # per generated index: the draft proposes the oracle's token
+    def failure(self, violations: list[Violation], rules: EngineRules) -> BaseException: ...
 
 
 @dataclass
@@ -71,7 +63,7 @@ class Tracked:
     """The harness's view of one request: its exact history, what I2 reads its rows against (its
     oracle answer and tokens so far are the record's `Entry`)."""
 
-    request: Request
+    request: AddRequest  # what the engine was asked for and what the draft gets right
     sequence: tuple[int, ...]  # prompt + EOS-blind oracle continuation (past max_new_tokens + K)
 
 
@@ -124,7 +116,7 @@ class EngineSession:
     eos_token_id: int | None
     pad_token_id: int
     model: str = "transparent"
-    ops: list[dict[str, Any]] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)  # the rules applied so far, in order
     on_event: Callable[[str], None] | None = None  # hypothesis.event inside the state machine
     timeout_s: float = STEP_TIMEOUT_S  # per engine call: a step() that hangs fails instead
     judge: Callable[[EngineSession], StepJudge] = field(kw_only=True)  # built on the session
@@ -171,35 +163,33 @@ class EngineSession:
             return greedy_oracle(target_model(self.model, DTYPE), prefix, max_new_tokens=max_new_tokens,
                                  eos_token_id=self.eos_token_id)  # fmt: skip
 
-    def reproducer(self) -> dict[str, Any]:
-        return {
-            "engine": self.spec,
-            "num_draft_tokens": self.num_draft_tokens,
-            "eos_token_id": self.eos_token_id,
-            "pad_token_id": self.pad_token_id,
-            "model": self.model,
-            "ops": list(self.ops),
-        }
+    def rules(self) -> EngineRules:
+        """The rules applied so far: what replays this session (`specaudit.search.engine_replay`)."""
+        return EngineRules(self.spec, self.num_draft_tokens, self.eos_token_id, self.pad_token_id, tuple(self.ops),
+                           self.model)  # fmt: skip
 
     def fail(self, violations: list[Violation]) -> None:
         """Raise the violations, each noting the engine step it broke in (for the diagnosis)."""
         if violations:
             self.failed = True
             stepped = [replace(v, evidence={**v.evidence, "step": self.book.steps}) for v in violations]
-            raise self.verdict.failure(stepped, self.reproducer())
+            raise self.verdict.failure(stepped, self.rules())
 
     # -- rules -----------------------------------------------------------------------------
 
-    def add(self, request: Request) -> None:
-        self.ops.append(
-            {
-                "op": "add",
-                "id": request.request_id,
-                "prompt": list(request.prompt),
-                "max_new_tokens": request.max_new_tokens,
-                "accept": "".join("1" if a else "0" for a in request.accept),
-            }
-        )
+    def apply(self, op: Op) -> None:
+        """One rule, logged and judged (a replayed sequence's, or one the machine drew)."""
+        if isinstance(op, AddRequest):
+            self.add(op)
+        elif isinstance(op, Abort):
+            self.abort(op.request_id)
+        elif isinstance(op, Step):
+            self.step()
+        else:
+            self.drain()
+
+    def add(self, request: AddRequest) -> None:
+        self.ops.append(request)
         if any(self.tracked[r].request.prompt == request.prompt for r in self.book.live_ids()):
             self.note("duplicate prompt among concurrent requests")
         horizon = request.max_new_tokens + self.num_draft_tokens + 2
@@ -233,7 +223,7 @@ class EngineSession:
         return Script(list(scripts.values()))
 
     def abort(self, request_id: int) -> None:
-        self.ops.append({"op": "abort", "id": request_id})
+        self.ops.append(Abort(request_id))
         violations = self.guard(lambda: self.book.abort(request_id))
         self.settle()
         self.fail(violations)
@@ -252,7 +242,7 @@ class EngineSession:
     def step(self, log: bool = True) -> dict[int, list[int]]:
         """One engine step, judged; raises the judge's failure on the first broken check."""
         if log:
-            self.ops.append({"op": "step"})
+            self.ops.append(Step())
         eligible = set(self.book.live_ids())
         committed = {r: len(self.book.requests[r].prompt) + len(self.book.requests[r].tokens) for r in eligible}
         crowded = self.max_batch_size is not None and len(eligible) > self.max_batch_size
@@ -273,8 +263,10 @@ class EngineSession:
         self.fail(violations)
         return emitted
 
-    def drain(self) -> None:
+    def drain(self, log: bool = True) -> None:
         """Step until the engine has nothing left; a request that never finishes is a liveness failure."""
+        if log:
+            self.ops.append(Drain())
         remaining = sum(t.request.max_new_tokens - len(self.book.requests[r].tokens) for r, t in self.tracked.items())
         budget = 2 * remaining + 2 * len(self.tracked) + 4
         for _ in range(budget):

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import torch
 
-from specaudit.contracts.decoder import (
-    ContractError,
+from specaudit.contracts.decoder import ContractError
+from specaudit.running.fingerprint import (
     ModelState,
     global_hook_changes,
     global_hooks,

@@ -6,14 +6,20 @@ not exist there. What does: per forward the packed tokens and positions, each re
 span and context length, the cache slot each token is written to and each request's block
 table; per step what each request has committed. Each engine's observer
 (`adapters.vllm_observer`, `adapters.transformers_cb`) records exactly that as `PagedCall`s and
-one `PagedTrace`; neither imports the other, and the checks import neither.
+one `PagedTrace`; neither imports the other, and the checks import neither. A driver that also
+records each request's outputs hands the checks a `PagedRun`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
+
+from specaudit.contracts.violation import Violation
+from specaudit.reference.oracle import OracleResult
+from specaudit.running.record import Record
 
 
 @dataclass(frozen=True)
@@ -78,3 +84,23 @@ class PagedTrace:
     def live(self, request: str, step: int) -> bool:
         """Whether the request may run in `step`: added before it, not finished or aborted before it."""
         return self.arrivals.get(request, 1 << 30) < step and self.left.get(request, 1 << 30) >= step
+
+
+Reference = Callable[[tuple[int, ...]], torch.Tensor]  # tokens -> [n, L', 2, kv_heads, head_dim]
+
+
+@dataclass(frozen=True)
+class PagedRun:
+    """A paged engine's whole evidence, what the registry's PAGED checks judge: its trace, and
+    (when the engine's driver recorded them) each request's outputs against its batch-size-1
+    oracle as a `running.record.Record`, with how a divergence is re-synced at a tie.
+
+    Without a record only the layout is judged (`checks.paged`); contract, equivalence and
+    liveness are then not applicable, so an observer that records no outputs keeps working."""
+
+    trace: PagedTrace
+    record: Record | None = None  # each request's outputs vs its oracle (None: outputs not recorded)
+    reference: Reference | None = None  # the batch-size-1 K/V of a token sequence (kv-entry)
+    dtype: str = "float32"  # the engine's dtype: the tie tolerance of an oracle margin
+    oracle_from: Callable[[tuple[int, ...], int], OracleResult] | None = None  # re-sync after a tie
+    errors: dict[int | None, Violation] = field(default_factory=dict)  # request (None: the engine) -> its break

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from specaudit.contracts.case import Case
-from specaudit.contracts.decoder import ContractError, Watchdog, call_decoder, instantiate, load_decoder, still_running
+from specaudit.contracts.decoder import ContractError, instantiate, load_decoder
 from specaudit.fixtures.pairs import draft_model, target_model
 from specaudit.fixtures.transparent import RequestScript
 from specaudit.numerics.calibration import NoiseFloor, Witness, judge_divergence
@@ -22,19 +22,19 @@ from specaudit.reference.oracle import OracleResult, greedy_oracle, kv_rows, ref
 from specaudit.running.guard import ModelGuard
 from specaudit.running.instrument import Recording, breach, every_call, instrument
 from specaudit.running.record import Entry, Record
+from specaudit.running.watchdog import Watchdog, call_decoder, still_running
 
 
 @dataclass
 class Derived:
-    """What is computed from a run once and shared by the checks that read it: the row binding,
-    I2's views, the tie-aware equivalence, each check's outcome, and the model runs some checks
-    compare against, made by the run itself (`Run.again`, `Run.oracle_from`, `Run.entries`).
+    """What is computed from a run once and shared by the checks that read it: each check's
+    slots (`cached`, keyed by the check's name; the slots each check fills are declared by its
+    registry entry, `checks.registry.Check.caches`), each check's outcome, and the model runs some
+    checks compare against, made by the run itself (`Run.again`, `Run.oracle_from`, `Run.entries`).
     Kept apart from the record, which nothing changes after the run."""
 
-    rows: Any = None  # checks.rows.RowTrace
-    views: Any = None  # checks.i2: (row views, I2 violations)
-    equivalence: Any = None  # checks.equivalence.Equivalence
-    outcomes: dict[str, Any] = field(default_factory=dict)  # check name -> checks.registry.Outcome
+    cached: dict[str, dict[str, Any]] = field(default_factory=dict)  # check name -> slot -> value
+    outcomes: dict[str, Any] = field(default_factory=dict)  # check name -> checks.registry.CheckOutcome
     reruns: dict[Case, Run] = field(default_factory=dict)  # another case on the same decoder and models
     continuations: dict[tuple[tuple[int, ...], int], OracleResult] = field(default_factory=dict)
 
@@ -156,7 +156,7 @@ def oracle_outputs(case: Case) -> tuple[list[OracleResult], list[RequestScript]]
 #
 # A limit in seconds that does not know the machine is a false alarm on a loaded runner, and a
 # slow decoder (one without a cache, re-running whole rows every round) is not a hung one. So
-# the watchdog (`specaudit.contracts.decoder.Watchdog`) judges progress: a run is a hang when no forward
+# the watchdog (`specaudit.running.watchdog.Watchdog`) judges progress: a run is a hang when no forward
 # of the target or draft completes for the idle limit
 #
 #     idle = max(IDLE_FLOOR_S, IDLE_MULTIPLE x t_ref)

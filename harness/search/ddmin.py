@@ -12,8 +12,8 @@ Three layers:
   contract break where there was an I2 violation, say) does not count as reproducing. With
   `counts` (the gate's "not a known failure"), a candidate must also keep a violation that
   counts, so a case never shrinks into one that shows only known failures.
-  `minimize_ops(reproducer)`: the same over an engine reproducer's rules, keeping the first
-  violation's check and rule.
+  `minimize_ops(rules)`: the same over an engine rule sequence (`EngineRules`), keeping the
+  first violation's check and rule.
 
 Stages, in order, repeated until a whole pass changes nothing (or the budget runs out):
 
@@ -43,9 +43,8 @@ in about a hundred runs, a few seconds.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
@@ -53,9 +52,10 @@ from specaudit.checks.diagnosis import Diagnosis, diagnose
 from specaudit.config.settings import DEFAULT_MINIMIZE_BUDGET
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import load_decoder
+from specaudit.contracts.engine_rules import AddRequest, EngineRules, Op, as_rules
 from specaudit.contracts.violation import Violation
 from specaudit.running.runner import Run, run_case
-from specaudit.search.engine_replay import replay
+from specaudit.search.engine_replay import replay_rules
 from specaudit.search.strategies import ambiguous
 
 T = TypeVar("T")
@@ -473,17 +473,17 @@ def minimize_case(
 
 @dataclass
 class MinimizedOps:
-    """A reproducer shrunk by `minimize_ops`, the violations it still shows and what it cost."""
+    """Rules shrunk by `minimize_ops`, the violations they still show and what it cost."""
 
-    original: dict[str, Any]
-    reproducer: dict[str, Any]
+    original: EngineRules
+    reproducer: EngineRules
     violations: list[Violation]
     replays: int
     seconds: float
 
     def summary(self) -> str:
         return (
-            f"{len(self.original['ops'])} rules -> {len(self.reproducer['ops'])}, "
+            f"{len(self.original.ops)} rules -> {len(self.reproducer.ops)}, "
             f"{self.replays} replays, {self.seconds:.1f} s"
         )
 
@@ -497,34 +497,35 @@ def failure_key(violations: list[Violation]) -> tuple[str, str] | None:
     return (violations[0].check, violations[0].rule) if violations else None
 
 
-def simpler_adds(ops: list[dict[str, Any]], i: int) -> list[list[dict[str, Any]]]:
+def simpler_adds(ops: list[Op], i: int) -> list[list[Op]]:
     """Candidates that simplify the add at `i`: every draft rejected, then a smaller
     max_new_tokens (1, 2, ...)."""
     op = ops[i]
-    if op["op"] != "add":
+    if not isinstance(op, AddRequest):
         return []
-    variants = [dict(op, accept="0" * len(op["accept"]))] if "1" in op["accept"] else []
-    variants += [dict(op, max_new_tokens=n) for n in range(1, int(op["max_new_tokens"]))]
+    variants = [replace(op, accept=(False,) * len(op.accept))] if any(op.accept) else []
+    variants += [replace(op, max_new_tokens=n) for n in range(1, op.max_new_tokens)]
     return [ops[:i] + [v] + ops[i + 1 :] for v in variants]
 
 
-def minimize_ops(reproducer: dict[str, Any], budget: int = 500) -> MinimizedOps:
-    """ddmin over the reproducer's rules, then each add simplified, on the same `Minimizer` as a
-    case's: a candidate counts when its replay fails with the same first check and rule. At most
-    `budget` replays; past it the smallest failing reproducer so far is kept."""
+def minimize_ops(reproducer: EngineRules | Mapping[str, Any], budget: int = 500) -> MinimizedOps:
+    """ddmin over the rules, then each add simplified, on the same `Minimizer` as a case's: a
+    candidate counts when its replay fails with the same first check and rule. At most `budget`
+    replays; past it the smallest failing rules so far are kept. A dict in any form engine rules
+    were written in is read as `EngineRules`."""
     start = time.perf_counter()
-    original = dict(reproducer, ops=list(reproducer["ops"]))
-    m: Minimizer[list[dict[str, Any]], list[Violation]] = Minimizer(
-        original["ops"],
-        lambda ops: replay(dict(original, ops=ops)),
+    original = as_rules(reproducer)
+    m: Minimizer[list[Op], list[Violation]] = Minimizer(
+        list(original.ops),
+        lambda ops: replay_rules(original.with_ops(ops)),
         failure_key,
         budget=budget,
-        key=lambda ops: json.dumps(ops, sort_keys=True),
+        key=tuple,
     )
     if not m.failing:
-        raise ReproducerPasses(f"{original['engine']} passes the reproducer's {len(original['ops'])} rules")
-    ops = ddmin(original["ops"], m.fails)
+        raise ReproducerPasses(f"{original.engine} passes the reproducer's {len(original.ops)} rules")
+    ops = ddmin(list(original.ops), m.fails)
     for i in range(len(ops)):
         ops = next((c for c in simpler_adds(ops, i) if m.fails(c)), ops)
     violations = m.evidence[m.key(ops)]
-    return MinimizedOps(original, dict(original, ops=ops), violations, m.runs, time.perf_counter() - start)
+    return MinimizedOps(original, original.with_ops(ops), violations, m.runs, time.perf_counter() - start)

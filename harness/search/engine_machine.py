@@ -11,8 +11,9 @@ others run; the event "duplicate prompt among concurrent requests", in a third t
 of runs) or differing from every other within the shorter one, so a row's candidates share one
 history and the binder tells duplicates apart by progress.
 
-The machine logs its rules as a JSON reproducer; `specaudit.search.engine_replay.replay` runs one
-again without Hypothesis and returns its violations.
+The machine logs its rules as `EngineRules` (`specaudit.contracts.engine_rules`);
+`specaudit.search.engine_replay.replay_rules` runs them again without Hypothesis and returns
+their violations.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from specaudit._moved import forward as _forward
 from specaudit.checks.coverage import Coverage, coverage_of_session
 from specaudit.checks.engine import EngineFailure
 from specaudit.contracts.decoder import ContractError
+from specaudit.contracts.engine_rules import AddRequest, EngineRules
 from specaudit.fixtures import VOCAB_SIZE
-from specaudit.running.engine_session import DTYPE, EngineSession, Request
+from specaudit.running.engine_session import DTYPE, EngineSession
 from specaudit.running.runner import oracle_continuation
 from specaudit.search.determinism import without_local_constants
 from specaudit.search.engine_replay import diagnose_engine, engine_session
@@ -88,22 +90,22 @@ DUPLICATE_SHARE = 4
 
 
 def draw_request(
-    data: st.DataObject, request_id: int, k: int, others: list[Request], running: list[Request], pad: int
-) -> Request:
+    data: st.DataObject, request_id: int, k: int, others: list[AddRequest], running: list[AddRequest], pad: int
+) -> AddRequest:
     """A request: prompt, limit and an acceptance schedule from the batch strategies' kinds;
     sometimes a running request's prompt again (rows are bound by progress, not by prompt),
     else a prompt that differs from every other within the shorter one."""
     max_new = data.draw(st.integers(1, MAX_NEW), label="max_new_tokens")
     if running and data.draw(st.integers(0, DUPLICATE_SHARE - 1), label="repeat a running prompt") == 1:
         original = data.draw(st.sampled_from(running), label="the running request repeated")
-        return Request(request_id, original.prompt, max_new, original.accept)
+        return AddRequest(request_id, original.prompt, max_new, original.accept)
     prompt = data.draw(st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=1, max_size=MAX_PROMPT), label="prompt")
     kind = data.draw(st.sampled_from(SCHEDULE_DRAWS), label="schedule")
     first = data.draw(st.booleans(), label="draft right at index 0")
     rounds = data.draw(rounds_for(kind, k), label="accepted per round")
     horizon = max_new + k + 2
     prompts = sorted({o.prompt for o in others})
-    return Request(
+    return AddRequest(
         request_id, distinct_prompt(tuple(prompt), prompts, pad), max_new, pattern_from_rounds(first, rounds, horizon)
     )
 
@@ -192,7 +194,6 @@ class EngineMachine(RuleBasedStateMachine):
             tally["runs to first failure"] = tally["runs"]
         try:
             if not session.failed:
-                session.ops.append({"op": "drain"})
                 session.drain()
         finally:
             session.close()
@@ -239,7 +240,7 @@ class MachineRun:
 
     @property
     def shrunk_rules(self) -> int | None:
-        return None if self.failure is None else len(self.failure.reproducer["ops"])
+        return None if self.failure is None else len(self.failure.reproducer.ops)
 
 
 def engine_failure_in(exc: BaseException) -> EngineFailure | None:
@@ -260,9 +261,8 @@ def machine_failure(exc: BaseException, spec: str, model: str) -> EngineFailure 
     rule, fails the contract's 'engine-builds' with no rules."""
     if not isinstance(exc, ContractError):
         return engine_failure_in(exc)
-    violation = exc.violation()
-    reproducer = {"engine": spec, "num_draft_tokens": 1, "eos_token_id": None, "pad_token_id": 0, "model": model}
-    return EngineFailure([violation], dict(reproducer, ops=[]), diagnose_engine)
+    rules = EngineRules(spec, num_draft_tokens=1, eos_token_id=None, pad_token_id=0, ops=(), model=model)
+    return EngineFailure([exc.violation()], rules, diagnose_engine)
 
 
 def run_machine(
@@ -327,7 +327,7 @@ def run_machine(
 
 
 # ---------------------------------------------------------------------------------------
-# Minimizing a reproducer: delta debugging over its rules, keeping the failure class
+# Old paths
 
 
 # replay and engine_signature moved to specaudit.search.engine_replay (ceb6d45, 966f2dc);

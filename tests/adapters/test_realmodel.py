@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specaudit.adapters.overhead import measure_overhead
+from bench.overhead import measure_overhead
 from specaudit.adapters.realmodel import OnDevice, RealRun, audit_batch, make_sampler, real_case, run_real
-from specaudit.artifacts.transplant import map_prompts, observed_rounds, round_shape, transplant
+from specaudit.audits.transplant import map_prompts, observed_rounds, round_shape, transplant
 from specaudit.checks.diagnosis import diagnose
 from specaudit.commands.cli import main
 from specaudit.contracts.errors import UsageError

@@ -72,22 +72,44 @@ class FakeEngine:
     calls: list[PagedCall] = field(default_factory=list)
     commits: list[dict[str, tuple[int, ...]]] = field(default_factory=list)
     next_block: int = 1
+    freed: list[int] = field(default_factory=list)  # blocks a preemption gave back, handed out next
+    paused: set[str] = field(default_factory=set)  # preempted, not resumed yet
+    resumed: set[str] = field(default_factory=set)  # recomputed from position 0 in the next step, no drafts
+    preempted: dict[str, list[int]] = field(default_factory=dict)  # request -> steps whose scheduling preempted it
 
     def add(self, rid: str, prompt: tuple[int, ...]) -> None:
         self.prompts[rid], self.outputs[rid], self.computed[rid] = prompt, (), 0
-        self.tables[rid] = list(range(self.next_block, self.next_block + 8))
-        self.next_block += 8
+        self.tables[rid] = self.blocks()
         self.arrivals[rid] = len(self.commits)
+
+    def blocks(self) -> list[int]:
+        if self.freed:
+            taken, self.freed = self.freed, []
+            return taken
+        self.next_block += 8
+        return list(range(self.next_block - 8, self.next_block))
+
+    def preempt(self, rid: str) -> None:
+        """Before the next step: `rid` gives its blocks back (the next newcomer gets them) and
+        will be recomputed from position 0, as vLLM's scheduler does."""
+        self.freed, self.computed[rid] = self.tables[rid], 0
+        self.paused.add(rid)
+        self.preempted.setdefault(rid, []).append(len(self.commits) + 1)
+
+    def resume(self, rid: str) -> None:
+        self.paused.discard(rid)
+        self.resumed.add(rid)
+        self.tables[rid] = self.blocks()
 
     def step(self, accepted: dict[str, int]) -> None:
         """One forward: each running request's committed tail plus `k` drafts, `accepted[rid]` right."""
-        running = [r for r in self.prompts if r not in self.left]
+        running = [r for r in self.prompts if r not in self.left and r not in self.paused]
         ids, qsl, seq_lens, greedy = [], [0], [], []
         for rid in running:
             sequence = self.prompts[rid] + self.outputs[rid]
             c = self.computed[rid]
             query = list(sequence[c:])
-            if self.outputs[rid] or c:  # decoding: drafts follow
+            if (self.outputs[rid] or c) and rid not in self.resumed:  # decoding: drafts follow
                 good = accepted.get(rid, 0)
                 for i in range(self.k):
                     right = target_next(query[-1])
@@ -124,6 +146,7 @@ class FakeEngine:
         for b, rid in enumerate(running):
             self.commit(rid, ids[qsl[b] : qsl[b + 1]], greedy[qsl[b] : qsl[b + 1]])
         self.commits.append(dict(self.outputs))
+        self.resumed.clear()
 
     def commit(self, rid: str, query: list[int], greedy: list[int]) -> None:
         """Greedy acceptance: the drafts equal to the target's token, then the target's token."""
@@ -160,6 +183,24 @@ def fake_trace() -> PagedTrace:
     return engine.trace()
 
 
+def preempted_trace() -> tuple[PagedTrace, dict[str, list[int]]]:
+    """`a` preempted before step 4 (its blocks go to newcomer `c`), resumed and recomputed at
+    step 5; the trace by the caller's ids, and when each request was preempted."""
+    engine = FakeEngine()
+    engine.add("a", (5, 6, 7))
+    engine.add("b", (9, 8))
+    engine.step({})
+    for accepted in ({"a": 3, "b": 1}, {"a": 2, "b": 0}):
+        engine.step(accepted)
+    engine.preempt("a")
+    engine.add("c", (4, 4, 4, 4, 4))
+    engine.step({"b": 2})
+    engine.resume("a")
+    for accepted in ({"b": 1, "c": 3}, {"a": 1, "b": 3, "c": 0}, {"a": 3, "b": 0, "c": 2}):
+        engine.step(accepted)
+    return engine.trace(), engine.preempted
+
+
 def with_call(trace: PagedTrace, index: int, **changes: Any) -> PagedTrace:
     calls = list(trace.calls)
     calls[index] = replace(calls[index], **changes)
@@ -187,6 +228,58 @@ def test_a_correct_paged_trace_passes() -> None:
     assert sum(c.query_start_loc.shape[0] - 1 for c in trace.calls) >= 9
     assert check_paged(trace) == []
     assert check_paged(trace, reference) == []
+
+
+def test_a_preempted_request_is_followed_not_flagged() -> None:
+    """A preempted request gives its blocks back and is recomputed from position 0: read by the
+    caller's ids that looks like a block shared with a live request and positions behind the
+    committed length; followed as incarnations (`a` leaves, `a~1` arrives with everything `a`
+    committed as its prompt), every rule holds, K/V against batch size 1 included."""
+    from specaudit.adapters.vllm_observer import incarnations
+
+    raw, preempted = preempted_trace()
+    assert {"block-shared", "query-positions"} <= {v.rule for v in check_paged(raw)}, "the false alarm is gone?"
+    trace = incarnations(raw, preempted)
+    assert check_paged(trace) == [] and check_paged(trace, reference) == []
+    assert trace.prompts["a~1"] == raw.prompts["a"] + raw.commits[2]["a"]
+    assert (trace.left["a"], trace.arrivals["a~1"]) == (3, 3) and "a~1" in trace.calls[4].request_ids
+    final = trace.commits[-1]
+    assert final["a"] + final["a~1"] == raw.commits[-1]["a"], "the incarnations' outputs are the request's"
+
+
+def test_a_real_fault_across_a_preemption_is_still_caught() -> None:
+    """Following preemption hides nothing: the resumed request's recompute written one slot off
+    breaks slot-mapping, a committed token off greedy breaks greedy-commit."""
+    from specaudit.adapters.vllm_observer import incarnations
+
+    raw, preempted = preempted_trace()
+    resumed = next(i for i, c in enumerate(raw.calls) if c.step == 5)
+    bad = with_call(raw, resumed, slot_mapping=edited(raw.calls[resumed].slot_mapping, 0, 1))
+    assert check_paged(incarnations(bad, preempted))[0].rule == "slot-mapping"
+    commits = [dict(c) for c in raw.commits]
+    commits[4]["a"] = commits[4]["a"][:-1] + ((commits[4]["a"][-1] + 1) % 97,)
+    found = check_paged(incarnations(replace(raw, commits=tuple(commits)), preempted))
+    assert found and found[0].rule == "greedy-commit" and found[0].evidence["request_id"] == "a~1", found[:1]
+
+
+def test_acceptance_and_ragged_share_are_counted_per_verify_step() -> None:
+    """Drafted and accepted tokens per forward, and the share of forwards with two or more
+    drafting requests that accepted different counts (fake_trace: a 3,1,0,3,2 of 3; b 2,0,3)."""
+    from specaudit.adapters.vllm_whitebox import acceptance
+
+    found = acceptance(fake_trace())
+    assert (found.drafted, found.accepted) == (24, 14), found
+    assert (found.verify_steps, found.shared_steps, found.ragged_steps) == (5, 3, 3), found
+    assert found.ragged_share == 1.0 and abs(found.rate - 14 / 24) < 1e-9
+
+
+def test_workload_payload_round_trips_and_old_payloads_load() -> None:
+    from specaudit.adapters.vllm_whitebox import PlannedRequest, Workload
+
+    workload = Workload((PlannedRequest((5, 6), 0, 3, name="r0"), PlannedRequest((7,), 2, 9, 4, "r1")), eos=11)
+    assert Workload.from_payload(workload.to_payload()) == workload
+    old = {"new_tokens": 12, "prompts": {"a": [5, 6]}, "arrivals": {"a": 1}, "aborts": {"a": 6}}
+    assert Workload.from_payload(old) == Workload((PlannedRequest((5, 6), 1, 12, 6, "a"),), None)
 
 
 def test_kv_written_for_a_committed_token_is_judged_against_batch_size_1() -> None:
@@ -437,10 +530,10 @@ def test_unpatched_vllm_passes_every_paged_rule(
     assert output_diverges(trace, oracle) == []
 
 
-def mutant_params() -> list[Any]:
-    from specaudit.reference.vllm_mutants import MUTANTS
+def mutant_params(staggered: bool = True) -> list[Any]:
+    from specaudit.reference.vllm_mutants import MUTANTS, STAGGERED
 
-    return [pytest.param(m, id=m.name) for m in MUTANTS]
+    return [pytest.param(m, id=m.name) for m in MUTANTS if (m.workload == STAGGERED) == staggered]
 
 
 @needs_vllm
@@ -483,6 +576,68 @@ def test_a_vllm_paged_reproducer_replays(tmp_path: Path) -> None:
     assert outcome["passed"] and outcome["prompts"] == workload["prompts"] and outcome["aborts"] == {"b": 6}, outcome
 
 
+def whitebox(args: list[str], tmp_path: Path, name: str, timeout: int = 600) -> dict[str, Any]:
+    """`python -m specaudit whitebox-vllm ARGS` in a fresh process (one engine each), its JSON."""
+    out = tmp_path / f"{name}.json"
+    command = [sys.executable, "-m", "specaudit", "whitebox-vllm", *args, "--json", str(out), "--out",
+               str(tmp_path / name)]  # fmt: skip
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    assert out.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def replayed(path: str, mutant: str | None = None) -> dict[str, Any]:
+    """`specaudit replay FILE --json` in a fresh process, with a planted bug in place if named."""
+    plant = f"from specaudit.reference.vllm_mutants import BY_NAME, planted; bug = planted(BY_NAME[{mutant!r}]); "
+    plant += "bug.__enter__(); "  # held by `bug` for the whole replay
+    code = (plant if mutant else "") + f"from specaudit.commands.cli import main; main(['replay', {path!r}, '--json'])"
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    text = "\n" + done.stdout
+    assert "\n{\n" in text, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(text[text.rindex("\n{\n") :])
+
+
+@needs_vllm
+def test_preempted_and_recomputed_requests_pass_on_unpatched_vllm(tmp_path: Path) -> None:
+    """A KV cache of 6 blocks for 6 requests of up to 84 tokens: vLLM preempts and recomputes
+    requests, and prefills are chunked (64 tokens a step); unpatched, no paged or output rule
+    breaks (the earlier white box reported block-shared, greedy-commit, query-positions and
+    slot-mapping here). Also: an engine's settings travel in a reproducer and replay."""
+    from specaudit.artifacts.reproducer import paged_reproducer, save
+
+    model = tiny_llama(tmp_path / "target", layers=2, seed=0)
+    engine = {"method": "ngram", "k": 3, "block_size": 32, "max_num_batched_tokens": 64, "kv_blocks": 6,
+              "prefix_caching": False, "max_model_len": 128}  # fmt: skip
+    prompts = {f"r{i}": [11 + i, 12, 13, 14] * 6 for i in range(6)}
+    workload = {"new_tokens": 60, "prompts": prompts, "arrivals": {f"r{i}": i % 3 for i in range(6)}, "aborts": {},
+                "max_tokens": {f"r{i}": 60 - 7 * i for i in range(6)}, "engine": engine}  # fmt: skip
+    path = save(tmp_path, "preempted", paged_reproducer({"model": str(model), "draft": None}, workload, []))
+    outcome = replayed(str(path))
+    assert outcome["preemptions"] >= 2, f"vLLM preempted {outcome['preemptions']} times: the test proves nothing"
+    assert outcome["passed"], outcome["violations"][:3]
+    assert outcome["engine"]["kv_blocks"] == 6 and outcome["max_tokens"]["r5"] == 25, outcome
+
+
+@needs_vllm
+@pytest.mark.parametrize("mutant", mutant_params(staggered=False))
+def test_planted_vllm_bug_is_found_by_the_drawn_white_box_and_shrunk(tmp_path: Path, mutant: Any) -> None:
+    """The white box's search (Hypothesis drawing workloads on the configuration the catalog
+    names) fails with the planted bug's check and rule, shrinks it to a small workload, and the
+    reproducer it writes fails again under `specaudit replay` with the bug planted and passes
+    without it."""
+    model = tiny_llama(tmp_path / "target", layers=2, seed=0)
+    args = ["--model", str(model), *mutant.workload.split(), "--examples", "6", "--minutes", "2"]
+    found = whitebox([*args, "--mutant", mutant.name], tmp_path, "search")
+    first = found["violations"][0]
+    assert not found["passed"] and (first["check"], first["rule"]) == (mutant.check, mutant.rule), first
+    assert len(found["prompts"]) <= 2 and found["shrink_runs"] > 0, found["prompts"]
+    again = replayed(found["reproducer"], mutant.name)
+    assert not again["passed"] and again["violations"][0]["rule"] == mutant.rule, again["violations"][:1]
+    assert replayed(found["reproducer"])["passed"], "the minimal workload fails without the bug"
+
+
 SMOLLM2 = cache_dir() / "smollm2"  # the user's cache, read before the tests' private one is set
 
 
@@ -496,7 +651,7 @@ def test_unpatched_vllm_passes_on_smollm2_float32_under_ngram() -> None:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "no paged rule broken" in done.stdout
+    assert "no paged or output rule broken" in done.stdout
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,22 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.adapters.vllm_server import (
+from specaudit.adapters.vllm_lifecycle import ServerError, check_python, free_port, server_command, serving
+from specaudit.adapters.vllm_metrics import SpecCounts, parse_metrics
+from specaudit.adapters.vllm_report import (
     NOTHING_ACCEPTED,
-    Outcome,
-    ServerError,
-    SpecCounts,
-    check_python,
-    free_port,
+    ConfigurationOutcome,
     from_report,
-    parse_metrics,
     peak_in_flight,
     render_markdown,
-    server_command,
-    serving,
-    speculative_config,
     write_reports,
 )
+from specaudit.adapters.vllm_server import WHITEBOX, boundary_prompts, speculative_config, whitebox_arguments
 from specaudit.config.settings import VllmAuditSettings
 from specaudit.contracts.errors import UsageError
 
@@ -119,12 +114,23 @@ def test_no_drafts_means_no_acceptance_rate() -> None:
 # The report
 
 
-def outcome(configuration: str, accepted: float, *, passed: bool = True, error: str = "") -> Outcome:
+def outcome(
+    configuration: str, accepted: float, *, passed: bool = True, error: str = "", whitebox: dict | None = None
+) -> ConfigurationOutcome:
     spec = None if configuration == "control" else {"method": configuration}
     drafted = 0.0 if spec is None else 40.0
-    return Outcome("tiny", configuration, spec, passed, "diverged (requests [3])" if not passed else "exact",
-                   requests=8, overlapped=8, peak_in_flight=6, exact_match=1.0 if passed else 0.5,
-                   partial_match=1.0, counts=SpecCounts(10, drafted, accepted), error=error)  # fmt: skip
+    return ConfigurationOutcome("tiny", configuration, spec, passed, "diverged (requests [3])" if not passed else
+                                "exact", requests=8, overlapped=8, peak_in_flight=6, exact_match=1.0 if passed else 0.5,
+                                partial_match=1.0, counts=SpecCounts(10, drafted, accepted), error=error,
+                                whitebox=whitebox)  # fmt: skip
+
+
+def whitebox(passed: bool = True, ragged: float | None = 0.3) -> dict:
+    acceptance = {"rate": 0.9, "ragged_share": ragged}
+    warnings = [] if ragged is not None and ragged >= 0.05 else ["ragged acceptance 0.00 (below 0.05)"]
+    violations = [] if passed else [{"check": "contract", "rule": "max-new-tokens", "found": "7 tokens for 2"}]
+    return {"passed": passed, "examples": 6, "preemptions": 3, "acceptance": acceptance, "seconds": 40.0,
+            "warnings": warnings, "violations": violations, "reproducer": "out/vllm_paged.json"}  # fmt: skip
 
 
 def test_report_warns_when_nothing_was_accepted() -> None:
@@ -133,8 +139,8 @@ def test_report_warns_when_nothing_was_accepted() -> None:
     assert len(warned) == 1 and "ngram" in warned[0], f"warnings {warned}, should be one, for ngram only"
     assert "proves little" in NOTHING_ACCEPTED, f"warning text {NOTHING_ACCEPTED!r} should say it proves little"
     assert "| tiny | draft | PASS | 1.00 | 1.00 | 8 of 8 / 6 | 40 | 12 | 0.30 |" in text, f"draft row missing:\n{text}"
-    assert "3 of 3 configurations passed." in text, f"summary wrong:\n{text}"
-    assert "Level of evidence: output level only" in text, f"no level of evidence in:\n{text}"
+    assert "3 of 3 configurations passed (both levels)." in text, f"summary wrong:\n{text}"
+    assert "Level of evidence: black box output level only" in text, f"no level of evidence in:\n{text}"
 
 
 def test_report_shows_failures_and_errors() -> None:
@@ -142,7 +148,20 @@ def test_report_shows_failures_and_errors() -> None:
     assert "| tiny | draft | FAIL |" in text, f"failed row not marked FAIL:\n{text}"
     assert "diverged (requests [3])" in text, f"the failing verdict is not shown:\n{text}"
     assert "ERROR: boom" in text, f"the server error is not shown:\n{text}"
-    assert "0 of 2 configurations passed." in text, f"summary wrong:\n{text}"
+    assert "0 of 2 configurations passed (both levels)." in text, f"summary wrong:\n{text}"
+
+
+def test_report_shows_the_white_box_per_configuration() -> None:
+    """Each row carries the white box's verdict, workloads drawn, preemptions, acceptance and
+    ragged share; a failing white box fails the configuration, a low ragged share is flagged."""
+    rows = [outcome("ngram", 3, whitebox=whitebox()), outcome("draft", 3, whitebox=whitebox(False, None))]
+    text = render_markdown(rows)
+    assert "| PASS | 6 | 3 | 0.90 | 0.30 | 40 |" in text, f"white-box cells missing:\n{text}"
+    assert "| FAIL | 6 | 3 | 0.90 | - | 40 |" in text, f"failing white box not shown:\n{text}"
+    assert "white box FAIL: contract/max-new-tokens" in text and "out/vllm_paged.json" in text, text
+    assert "white box: ragged acceptance" in text, f"the low ragged share is not flagged:\n{text}"
+    assert "1 of 2 configurations passed (both levels)." in text, f"summary wrong:\n{text}"
+    assert [o.all_passed for o in rows] == [True, False]
 
 
 def test_json_outcome_carries_warnings_and_counts() -> None:
@@ -161,6 +180,15 @@ def test_reports_written_with_version_and_verdicts(tmp_path: Path) -> None:
     assert data["passed"] is True and [c["configuration"] for c in configurations] == ["control", "ngram"]
     assert {c["kind"] for c in configurations} == {"vllm configuration"}, configurations
     assert configurations[1]["warnings"] == [NOTHING_ACCEPTED], f"{configurations[1]}"
+
+
+def test_reports_have_an_entry_per_level_per_configuration(tmp_path: Path) -> None:
+    settings = VllmAuditSettings(models=("tiny",), out=tmp_path / "vllm")
+    write_reports(settings, [outcome("ngram", 3, whitebox=whitebox(False))], 12.0, "0.32.0")
+    entries = json.loads((tmp_path / "vllm" / "report.json").read_text())["entries"]
+    levels = [(e["kind"], e["subject"]["level"], e["passed"]) for e in entries]
+    assert levels == [("vllm configuration", "black box", True), ("vllm white box", "white box", False)], levels
+    assert entries[1]["examples"] == 6 and entries[1]["acceptance"]["ragged_share"] == 0.3, entries[1]
 
 
 def test_figures_from_a_blackbox_report() -> None:
@@ -188,6 +216,35 @@ def test_server_command_per_configuration(tmp_path: Path) -> None:
     assert "--speculative-config" not in server_command("py", tmp_path, 1234, None), "control got a spec config"
     with pytest.raises(UsageError, match="unknown configuration"):
         speculative_config("eagle", tmp_path)
+    own = speculative_config("self-draft", tmp_path / "d", tmp_path / "t")
+    assert own == {"method": "draft_model", "model": str(tmp_path / "t"), "num_speculative_tokens": 5}, own
+
+
+def test_blackbox_prompts_sit_on_both_sides_of_block_boundaries() -> None:
+    """With the server's 32-token blocks, prompts end just before and just after a boundary, and
+    repeat a motif (so drafts are found); the same seed gives the same prompts."""
+    prompts = boundary_prompts(512, 8, seed=3)
+    lengths = [len(p) for p in prompts]
+    assert {31, 33, 64, 65} <= set(lengths) and max(lengths) > 64, lengths
+    assert all(4 <= t < 512 for p in prompts for t in p)
+    assert all(p[: len(p) // 2] and any(p[i] == p[i + k] for k in range(2, 6) for i in range(5)) for p in prompts)
+    assert boundary_prompts(512, 8, seed=3) == prompts != boundary_prompts(512, 8, seed=4)
+
+
+def test_whitebox_configurations_cover_the_layouts_hard_paths(tmp_path: Path) -> None:
+    """Together the white box's engines take small blocks and the default, chunked prefill, a KV
+    cache small enough to preempt, prefix caching on and off, K from 2 to 7, every drafter."""
+    options = list(WHITEBOX.values())
+    assert {o.block_size for o in options} == {32, 128} and {o.prefix_caching for o in options} == {True, False}
+    assert any(o.kv_blocks for o in options) and any(o.max_num_batched_tokens for o in options)
+    assert {o.method for o in options} == {"none", "ngram", "draft", "self-draft"}
+    assert max(o.k for o in options) == 7
+    for o in options:
+        if o.kv_blocks is not None:
+            room = (o.kv_blocks - 1) * o.block_size  # vLLM keeps one block aside (its null block)
+            assert room >= o.max_model_len, f"{o}: vLLM refuses a cache below max_model_len"
+    args = whitebox_arguments(WHITEBOX["draft"], tmp_path / "t", tmp_path / "d")
+    assert args[args.index("--draft") + 1] == str(tmp_path / "d") and "--prefix-caching" in args, args
 
 
 def test_settings_and_python_are_checked(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""One reproducer envelope, one loader, one replay (`specaudit.artifacts.reproducer`).
+"""One reproducer envelope, one loader (`specaudit.artifacts.reproducer`), one replay (`specaudit.commands.replay`).
 
 Files of the four formats written before the envelope (tests/data/legacy_reproducers, written
 at 288abca, see its README) load and replay with the failure they recorded; every writer's file
@@ -22,10 +22,9 @@ from specaudit.artifacts.reproducer import (
     load_reproducer,
     paged_reproducer,
     save,
-    write_engine_failure,
-    write_failure,
     write_real_failure,
 )
+from specaudit.audits.regression import write_engine_failure, write_failure
 from specaudit.commands.cli import main
 from specaudit.commands.replay import replay
 from specaudit.contracts.errors import UsageError

@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from specaudit.adapters.transports import audit_callable
-from specaudit.adapters.vllm_server import Outcome, from_report
-from specaudit.artifacts.audit import Verdict, format_table
+from specaudit.adapters.vllm_report import ConfigurationOutcome as Outcome
+from specaudit.adapters.vllm_report import from_report
 from specaudit.artifacts.report import entry
+from specaudit.audits.decoders import DecoderVerdict as Verdict
+from specaudit.audits.decoders import format_table
 from specaudit.checks.coverage import (
     NO_RAGGED_ROUND,
     NO_ROUND,
@@ -28,11 +30,11 @@ from specaudit.checks.coverage import (
 )
 from specaudit.commands.cli import main
 from specaudit.contracts.case import Case
+from specaudit.contracts.engine_rules import AddRequest
 from specaudit.fixtures.pairs import draft_model, target_model
 from specaudit.models.loading import save_tiny_pair
 from specaudit.reference.engines import EqSpecEngine
 from specaudit.reference.eqspec import EqSpec
-from specaudit.running.engine_session import Request
 from specaudit.running.runner import Run, oracle_continuation, run_case
 from specaudit.search.engine_replay import engine_session
 
@@ -186,14 +188,14 @@ def test_engine_session_counts_arrivals_aborts_duplicates_and_reused_rows() -> N
     3 round (2, 0, 0: ragged), 4 round (0, 0), 5 prefill (3), 6 round (3 alone)."""
     session = engine_session(ENGINE, 2, None, 0)
     try:
-        session.add(Request(0, (3, 4, 5), 6, (True,) * 12))
-        session.add(Request(1, (9, 8), 6, (False,) * 12))
+        session.add(AddRequest(0, (3, 4, 5), 6, (True,) * 12))
+        session.add(AddRequest(1, (9, 8), 6, (False,) * 12))
         session.step()
-        session.add(Request(2, (9, 8), 3, (False,) * 12))
+        session.add(AddRequest(2, (9, 8), 3, (False,) * 12))
         session.step()
         session.step()
         session.abort(1)
-        session.add(Request(3, (11, 12, 13), 4, (True,) * 12))
+        session.add(AddRequest(3, (11, 12, 13), 4, (True,) * 12))
         session.drain()
         got = coverage_of_session(session)
     finally:

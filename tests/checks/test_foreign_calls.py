@@ -50,6 +50,7 @@ def test_foreign_decoder_passes_every_check(spec: str, model: str) -> None:
     assert diagnosis.passed and diagnosis.verdict == "exact", diagnosis.render()
 
 
+@pytest.mark.slow  # a search of 25 cases each
 @pytest.mark.parametrize("spec", FOREIGN, ids=lambda s: s.rsplit(":", 1)[1])
 def test_foreign_decoder_survives_the_search(spec: str) -> None:
     """No generated transparent case (padding, duplicates, EOS, ragged acceptance) fails a check."""

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from specaudit.checks.liveness import Ledger, overdue, unfinished, waits
+from specaudit.checks.liveness import WaitLedger, overdue, unfinished, waits
 
 
-def ledger(bound: int | None, unit: str = "steps") -> Ledger:
-    return Ledger(unit, bound, "max_wait_steps")
+def ledger(bound: int | None, unit: str = "steps") -> WaitLedger:
+    return WaitLedger(unit, bound, "max_wait_steps")
 
 
 def test_a_queue_wait_past_the_bound_is_bounded_queue() -> None:

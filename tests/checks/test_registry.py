@@ -32,8 +32,8 @@ from specaudit.checks.registry import (
     check_named,
     evaluate,
     i2_signature,
-    judge,
     markdown_table,
+    outcome_of,
 )
 from specaudit.contracts.case import Case
 from specaudit.contracts.violation import Violation
@@ -165,14 +165,14 @@ def test_negative_control_fails_its_check(name: str) -> None:
     make, case = NEGATIVE_CONTROLS[name]
     spec, factory = make()
     run = run_case(spec, case, factory=factory)
-    outcome = judge(name, run)
+    outcome = outcome_of(name, run)
     assert outcome.status == FAIL and outcome.violations, f"{spec} passes {name} on {case!r}: {outcome}"
     assert {v.check for v in outcome.violations} == {name}
     signature, reason = check_named(name).signature(outcome.violations[0], run)
     assert signature in SIGNATURES and reason, (signature, reason)
     reference = "specaudit.reference.exspec:ExSpec" if name == "grouped-no-realignment" else None
     good = run_case(reference or "specaudit.reference.eqspec:EqSpec", case)
-    assert judge(name, good).status == PASS, f"the reference does not pass {name}: {judge(name, good)}"
+    assert outcome_of(name, good).status == PASS, f"the reference does not pass {name}: {outcome_of(name, good)}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_not_applicable_is_never_a_pass() -> None:
     """Token preservation without the scripted draft and order independence of one row are
     reported as 'not applicable' with the reason, in the evaluation and the diagnosis."""
     run = run_case("specaudit.reference.eqspec:EqSpec", ONE_ROW)
-    outcome = judge("order-independence", run)
+    outcome = outcome_of("order-independence", run)
     assert (outcome.status, outcome.why) == (NOT_APPLICABLE, "needs a batch of >= 2 rows")
     document = diagnose(run).to_json()
     assert list(document["checks"]) == list(BATCH_ORDER)
@@ -269,7 +269,10 @@ def test_a_check_that_cannot_read_a_run_reports_it_instead_of_raising(monkeypatc
 
     from dataclasses import replace
 
-    monkeypatch.setitem(registry._BY_NAME, "I1", replace(registry.check_named("I1"), function=crash))
+    i1 = registry.check_named("I1")
+    crashing = replace(i1, implementations={**i1.implementations, registry.DECODER: crash})
+    monkeypatch.setattr(registry, "CHECKS", tuple(crashing if c is i1 else c for c in registry.CHECKS))
+    monkeypatch.setitem(registry._BY_NAME, "I1", crashing)
     run = run_case("specaudit.reference.eqspec:EqSpec", Case(((5,),), ((True,),), 1, 1, None, 0))
     outcome = {o.check: o for o in registry.evaluate(run).outcomes}["I1"]
     assert outcome.status == registry.NOT_APPLICABLE and "IndexError" in (outcome.why or ""), outcome

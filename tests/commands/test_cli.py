@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.artifacts.audit import audit_plan
+from specaudit.audits.decoders import audit_plan
 from specaudit.checks.registry import BATCH_ORDER
 from specaudit.commands.cli import main
 from specaudit.config.settings import AuditSettings, GateSettings, MinimizeSettings, RealAuditSettings
@@ -179,6 +179,7 @@ def test_no_module_level_getattr() -> None:
     assert lazy == []
 
 
+@pytest.mark.slow  # an audit in a fresh interpreter
 def test_the_console_script_finds_decoders_in_the_working_directory(tmp_path: Path) -> None:
     """`specaudit audit --decoder mine:Mine` from a user's checkout, as `python -m` would find it
     (a console script's sys.path starts at its own directory)."""

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.artifacts.audit import audit_engine, audit_plan, engine_plan, planted_engine_bugs
 from specaudit.artifacts.reproducer import load_engine_reproducer
+from specaudit.audits.decoders import audit_plan
+from specaudit.audits.engines import audit_engine, engine_plan, planted_engine_bugs
 from specaudit.commands.cli import main
 from specaudit.config.settings import AuditSettings
 from specaudit.contracts.builtins import MODELS
@@ -182,6 +183,7 @@ def test_a_tiny_model_failure_replays_on_its_model(tmp_path: Path, capsys: pytes
 # gate --engine and suite --engine
 
 
+@pytest.mark.slow  # the engine state machine's search per engine
 def test_gate_runs_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """One JUnit testcase per engine; the planted bug fails the gate with its reproducer written,
     unless --xfails lists its failure (model `transparent`)."""

@@ -101,8 +101,8 @@ def pytest_configure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    real, drawn, runs = item.module.judged, [], []
-    real_run = specaudit.running.runner.run_case
+    real, drawn, runs, draws = item.module.judged, [], [], []
+    real_run, real_draw = specaudit.running.runner.run_case, item.module.check_drawn
 
     def recording(spec, case, *checks):
         # what was drawn, but the model and the EOS and pad ids (picked from the model's oracle)
@@ -113,14 +113,19 @@ def pytest_runtest_call(item):
         runs.append(1)
         return real_run(spec, case)
 
-    item.module.judged, specaudit.running.runner.run_case = recording, counting
+    def drawing(*args):
+        draws.append(1)
+        return real_draw(*args)
+
+    item.module.judged, specaudit.running.runner.run_case, item.module.check_drawn = recording, counting, drawing
     try:
         yield
     finally:
-        item.module.judged, specaudit.running.runner.run_case = real, real_run
+        item.module.judged, specaudit.running.runner.run_case, item.module.check_drawn = real, real_run, real_draw
         worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        record = {"item": item.name, "cases": drawn, "runs": len(runs), "draws": len(draws), "worker": worker}
         with Path("drawn.jsonl").open("a") as out:
-            out.write(json.dumps({"item": item.name, "cases": drawn, "runs": len(runs), "worker": worker}) + "\\n")
+            out.write(json.dumps(record) + "\\n")
 """
 
 
@@ -416,7 +421,8 @@ def test_a_parametrizations_properties_judge_the_same_runs(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Cases drawn once are judged by every check: under `-n 2` the contract and I1 properties of one
-    decoder x model run on one worker, draw the same cases, and the second runs none of its own."""
+    decoder x model run on one worker, judge the same cases, and the second runs none of its own
+    and draws none (it passes on the first one's stream)."""
     monkeypatch.setenv("CI", "true")
     pytester.makepyfile(specaudit_record_cases=RECORD_CASES)
     (pytester.path / "drawn.jsonl").unlink(missing_ok=True)
@@ -438,6 +444,8 @@ def test_a_parametrizations_properties_judge_the_same_runs(
         assert ran[0] == 0 < ran[1], (
             f"{model}: decoder runs per property {ran}, expected the second to reuse the first's"
         )
+        draws = sorted((first["draws"], second["draws"]))
+        assert draws[0] == 0 < draws[1], f"{model}: cases drawn per property {draws}, expected one draw per stream"
 
 
 def test_item_seed_is_shared_by_a_parametrizations_properties() -> None:

@@ -66,7 +66,7 @@ def test_valid_entries_load_and_start_unused(tmp_path: Path) -> None:
             "unknown check 'I-2'",
             "should be one of contract, I1",
         ),
-        ("* * X* *", "unknown check 'X*'", "paged or *"),
+        ("* * X* *", "unknown check 'X*'", "order-independence or *"),
         ("* * I2 attends-wrong", "unknown rule 'attends-wrong' for check I2", "should be one of attends-wrong-slot"),
         ("* * I1 row-identity", "unknown rule 'row-identity' for check I1", "row-attends-nothing"),
         ("* * I* zzz*", "unknown rule 'zzz*' for checks I*", "input-token"),
@@ -198,7 +198,7 @@ import pytest
 
 from specaudit.contracts.case import Case
 from specaudit.checks.registry import all_violations
-from specaudit.artifacts.reproducer import remember_failure
+from specaudit.commands.pytest_notes import remember_failure
 from specaudit.running.runner import run_case
 
 pytestmark = pytest.mark.specaudit

@@ -14,18 +14,18 @@ import pytest
 import torch
 
 from specaudit.checks import check_equivalence, check_i2, check_token_preservation
-from specaudit.contracts import decoder as contract
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import (
     ContractError,
     DecoderLoadError,
-    call_decoder,
     instantiate,
     load_decoder,
     validate_output,
 )
 from specaudit.reference.eqspec import EqSpec
+from specaudit.running import watchdog
 from specaudit.running.runner import run_case
+from specaudit.running.watchdog import call_decoder
 from tests.decoders.hangs import HangsOnTwoRows
 
 IDS = torch.tensor([[0, 3, 1, 4], [9, 2, 6, 5]])  # [2, 4]
@@ -435,7 +435,7 @@ class Unstoppable:
 def test_a_decoder_still_running_is_reported_until_it_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     """A decoder that cannot be stopped is still running: the next run of it says so at once
     instead of running beside it; once its thread returns, it is run again."""
-    monkeypatch.setattr(contract, "STOP_GRACE_S", 0.2)
+    monkeypatch.setattr(watchdog, "STOP_GRACE_S", 0.2)
     first = run_case("tests:unstoppable", SMALL, factory=Unstoppable, timeout_s=0.3)
     assert first.error is not None and "still running" in first.error.found, first.error
     start = time.monotonic()
@@ -528,7 +528,7 @@ class Flaky:
 
 def test_replay_failures_measures_nondeterminism() -> None:
     """replay_failures counts failing replays: 0 for EQSPEC, all for a broken decoder, some for a flaky one."""
-    from specaudit.artifacts.reproducer import replay_failures
+    from specaudit.commands.replay import replay_failures
 
     assert replay_failures("specaudit.reference.eqspec:EqSpec", SMALL, None, 2) == 0
     assert replay_failures("tests:short", SMALL, lambda: Returns([[1]]), 3) == 3

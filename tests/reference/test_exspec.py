@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specaudit.checks import check_i2
-from specaudit.checks.registry import FAIL, evaluate, judge
+from specaudit.checks.registry import FAIL, evaluate, outcome_of
 from specaudit.checks.scheduling import calls_by_request
 from specaudit.contracts.case import Case
 from specaudit.contracts.violation import explain
@@ -56,7 +56,7 @@ def test_exspec_bound_covers_queue_time() -> None:
     prompts = tuple(tuple(range(i, i + 3 + i % 2)) for i in range(10))
     case = Case(prompts, (ALL_REJECT,) * 10, 2, 12, None, 0)
     run = run_case("exspec", case, factory=lambda: ExSpec(2, 4, 2))
-    outcome = judge("liveness", run)
+    outcome = outcome_of("liveness", run)
     assert outcome.status != FAIL, explain(run, list(outcome.violations))
     assert calls_by_request(run)[9][0] > 0  # the last request did queue, behind a full window
 

@@ -19,10 +19,11 @@ from specaudit.checks.engine import EngineFailure
 from specaudit.checks.observe import observe
 from specaudit.checks.registry import SIGNATURES
 from specaudit.contracts.engine import EngineLoadError, load_engine
+from specaudit.contracts.engine_rules import AddRequest, EngineRules, op_from_json
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
 from specaudit.reference.engines import EqSpecEngine
-from specaudit.running.engine_session import EngineSession, Request
+from specaudit.running.engine_session import EngineSession
 from specaudit.search.determinism import without_local_constants
 from specaudit.search.engine_machine import (
     DEFAULT_ENGINES,
@@ -32,7 +33,7 @@ from specaudit.search.engine_machine import (
     machine_settings,
     run_machine,
 )
-from specaudit.search.engine_replay import engine_session, replay
+from specaudit.search.engine_replay import engine_session, replay_rules
 from specaudit.search.strategies import pattern_from_rounds
 
 CORRECT_ENGINES = (
@@ -78,9 +79,9 @@ def test_planted_engine_bug_is_caught(name: str) -> None:
     assert (first.check, first.rule) == (bug.first_check, bug.rule), (
         f"{name}: first broken check {first.check}/{first.rule}, but should be {bug.first_check}/{bug.rule}\n{failure}"
     )
-    rules = len(failure.reproducer["ops"])
+    rules = len(failure.reproducer.ops)
     assert rules <= MAX_SHRUNK_RULES, f"{name}: shrunk to {rules} rules, but should be at most {MAX_SHRUNK_RULES}"
-    replayed = replay(json.loads(json.dumps(failure.reproducer)))
+    replayed = replay_rules(EngineRules.from_json(json.loads(json.dumps(failure.reproducer.to_json()))))
     assert replayed and (replayed[0].check, replayed[0].rule) == (first.check, first.rule), (
         f"{name}: replay of the reproducer gave {replayed[:1]}, but should fail {first.check}/{first.rule}"
     )
@@ -127,15 +128,9 @@ BASE = {"num_draft_tokens": 2, "eos_token_id": None, "pad_token_id": 0, "model":
 
 
 def apply(session: EngineSession, ops: list[dict[str, Any]]) -> None:
-    """The rules of a reproducer on an open session (as `replay` runs them), drain excepted."""
-    for op in ops:
-        if op["op"] == "add":
-            accept = tuple(c == "1" for c in op["accept"])
-            session.add(Request(op["id"], tuple(op["prompt"]), op["max_new_tokens"], accept))
-        elif op["op"] == "abort":
-            session.abort(op["id"])
-        elif op["op"] == "step":
-            session.step()
+    """The rules of a reproducer, in their JSON form, on an open session (as `replay_rules` runs them)."""
+    for i, op in enumerate(ops):
+        session.apply(op_from_json(op, i))
 
 
 def rows_holding(session: EngineSession, prompt: list[int]) -> int:
@@ -152,11 +147,10 @@ def rows_holding(session: EngineSession, prompt: list[int]) -> int:
 def test_duplicate_prompts_replay_on_a_reference_engine(spec: str) -> None:
     """Three requests with one prompt run side by side (arrivals, an abort): the reference engines
     pass, with several rows of one target call holding that prompt, each judged."""
-    assert replay({**BASE, "engine": spec, "ops": DUPLICATE_OPS}) == []
+    assert replay_rules({**BASE, "engine": spec, "ops": DUPLICATE_OPS}) == []
     session = engine_session(spec, 2, None, 0)
     try:
-        apply(session, DUPLICATE_OPS[:-1])
-        session.drain()
+        apply(session, DUPLICATE_OPS)
         assert session.events[DUPLICATE] == 2, f"{spec}: {session.events}"
         rows = rows_holding(session, [5, 6])
         assert rows >= 2, f"{spec}: at most {rows} row of a target call held prompt [5, 6], want two at once"
@@ -179,8 +173,8 @@ def test_planted_bug_caught_among_duplicate_prompts(name: str, ops: list[dict[st
     row (the live one takes one row, the other is left over): caught as on distinct prompts,
     where the reference engine passes the same rules."""
     rules = ops + ([{"op": "abort", "id": 0}] if name == "AbortLeavesRowAttended" else []) + [{"op": "step"}]
-    assert replay({**BASE, "engine": DEFAULT_ENGINES[0], "ops": rules}) == []
-    found = replay({**BASE, "engine": f"specaudit.reference.engine_mutants:{name}", "ops": rules})
+    assert replay_rules({**BASE, "engine": DEFAULT_ENGINES[0], "ops": rules}) == []
+    found = replay_rules({**BASE, "engine": f"specaudit.reference.engine_mutants:{name}", "ops": rules})
     assert found and (found[0].check, found[0].rule) == ("I2", "retired-row"), f"{name}: {found[:1]}"
     assert found[0].request == 0, f"{name}: the left-over row is bound to {found[0].request}, not retired request 0"
 
@@ -254,9 +248,9 @@ def test_planted_engine_bug_is_caught_on_a_tiny_real_model(name: str, one_thread
     assert first.check == bug.first_check, (
         f"{name} on llama: first broken check {first.check}, not {bug.first_check}\n{run.failure}"
     )
-    reproducer = json.loads(json.dumps(run.failure.reproducer))
+    reproducer = json.loads(json.dumps(run.failure.reproducer.to_json()))
     assert reproducer["model"] == "llama", reproducer
-    replayed = replay(reproducer)
+    replayed = replay_rules(reproducer)
     assert replayed and (replayed[0].check, replayed[0].rule) == (first.check, first.rule), f"{name}: {replayed[:1]}"
 
 
@@ -278,8 +272,8 @@ def test_a_real_model_slot_is_judged_by_its_kv(one_thread: None) -> None:
         {"op": "step"},
     ]
     base = {"num_draft_tokens": 1, "eos_token_id": None, "pad_token_id": 0, "model": "llama"}
-    assert replay({**base, "engine": CORRECT_ENGINES[0], "ops": ops}) == []
-    found = replay({**base, "engine": "specaudit.reference.engine_mutants:AbortLeavesRowAttended", "ops": ops})
+    assert replay_rules({**base, "engine": CORRECT_ENGINES[0], "ops": ops}) == []
+    found = replay_rules({**base, "engine": "specaudit.reference.engine_mutants:AbortLeavesRowAttended", "ops": ops})
     assert found and (found[0].check, found[0].rule) == ("I2", "retired-row"), found
     assert "holding request 0's entry at position 0" in found[0].found, found[0].found
     assert found[0].evidence["kv_distance"] is not None and found[0].evidence["kv_distance"] < 1e-9, found[0].evidence
@@ -300,18 +294,18 @@ def test_replay_reads_a_reproducer_file(tmp_path: Any) -> None:
     }
     path = tmp_path / "engine-case.json"
     path.write_text(json.dumps(reproducer))
-    assert replay(path)[0].rule == "retired-row"
-    assert replay(str(path))[0].check == "I2"
+    assert replay_rules(path)[0].rule == "retired-row"
+    assert replay_rules(str(path))[0].check == "I2"
     reproducer["engine"] = "specaudit.reference.engines:EqSpecEngine"
-    assert replay(reproducer) == [], "the reference engine passes the same rules"
+    assert replay_rules(reproducer) == [], "the reference engine passes the same rules"
 
 
 # ---------------------------------------------------------------------------------------
 # Contract breaches, each with the rule it breaks
 
 
-def request(request_id: int = 0, prompt: tuple[int, ...] = (5, 6, 7), max_new: int = 4) -> Request:
-    return Request(request_id, prompt, max_new, pattern_from_rounds(True, (1,), max_new + 4))
+def request(request_id: int = 0, prompt: tuple[int, ...] = (5, 6, 7), max_new: int = 4) -> AddRequest:
+    return AddRequest(request_id, prompt, max_new, pattern_from_rounds(True, (1,), max_new + 4))
 
 
 class Raises(EqSpecEngine):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from specaudit.search.engine_machine import run_machine
-from specaudit.search.engine_replay import replay
+from specaudit.search.engine_replay import replay_rules
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,5 +56,5 @@ def test_idle_rows_attending_a_pad_slot_pass(pad: int, prompt: list[int], model:
         "model": model,
         "ops": [{"op": "add", "id": 0, "prompt": prompt, "max_new_tokens": 2, "accept": "0000"}, {"op": "step"}],
     }
-    violations = replay(reproducer)
+    violations = replay_rules(reproducer)
     assert not violations, f"{PAD_IDLE} flagged on {model}: {violations[:2]}"

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis.errors import HypothesisDeprecationWarning, UnsatisfiedAssumption
 
-from specaudit.artifacts.audit import audit_model
+from specaudit.audits.decoders import audit_model
 from specaudit.contracts.case import Case
 from specaudit.running import runner
 

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from specaudit.artifacts import audit
-from specaudit.artifacts.audit import OVERHEAD_BASIS, Verdict, audit_model, format_table, overhead_basis
+from specaudit.audits import decoders as audit
+from specaudit.audits.decoders import OVERHEAD_BASIS, audit_model, format_table, overhead_basis
+from specaudit.audits.decoders import DecoderVerdict as Verdict
 from specaudit.contracts.case import Case
 from specaudit.running.runner import run_case
 

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.artifacts.audit import Verdict, distinct, failure_name, format_table, write_outputs
-from specaudit.artifacts.gate import judge, junit_xml
 from specaudit.artifacts.reproducer import identifier
+from specaudit.audits.audit import write_outputs
+from specaudit.audits.decoders import DecoderVerdict as Verdict
+from specaudit.audits.decoders import distinct, failure_name, format_table
+from specaudit.audits.gate import judge, junit_xml
 from specaudit.checks.diagnosis import Diagnosis, diagnose
 from specaudit.commands.replay import replay
 from specaudit.config.settings import GateSettings
@@ -71,7 +73,7 @@ def test_the_table_lists_every_failure(verdict: Verdict) -> None:
 def test_report_and_reproducers_list_every_failure(verdict: Verdict, tmp_path: Path) -> None:
     """report.json's entry keeps the first failure as `first`/`signature` and lists all three under
     `failures`, each with a reproducer in DIR/repro that replays to its own check and rule."""
-    write_outputs(tmp_path, [verdict], [])
+    write_outputs(tmp_path, [verdict])
     (entry,) = json.loads((tmp_path / "report.json").read_text())["entries"]
     assert (entry["first"]["check"], entry["first"]["rule"]) == list(MINIMAL)[0]
     listed = [(f["first"]["check"], f["first"]["rule"]) for f in entry["failures"]]

@@ -1,4 +1,4 @@
-"""Real-model mode, overhead: what the instrumentation costs at each I2 sampling rate.
+"""What the instrumentation costs on a real model at each I2 sampling rate (bench/overhead_real.py).
 
 `measure_overhead` times the decoder un-instrumented and instrumented at each rate, plus the
 I1 + I2 checks, on one case; a GPU gate picks its `--check-rate` from these numbers. I2's

@@ -1,0 +1,72 @@
+"""A transformers CB failure on disk, and run again from there.
+
+The file is the one reproducer envelope (`artifacts.reproducer.Reproducer`) of kind
+`transformers-cb`: the subject (engine, entry point, model, transformers' version), the payload
+(the workload, `workload_json`) and the evidence (the first check and rule, the violations).
+The workload is all a replay needs: the schedule is by step, not by wall clock, so the same
+workload gives the same forwards. `replay_workload` also takes a bare workload (the
+`minimal_workload` or `workload_spec` of a report entry).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from specaudit.adapters.transformers_cb.driver import run_workload
+from specaudit.adapters.transformers_cb.verdict import CbVerdict, judge
+from specaudit.adapters.transformers_cb.workload import ENGINE, CbWorkload, workload_from_json, workload_json
+from specaudit.artifacts.reproducer import Reproducer, save, violations_evidence
+from specaudit.contracts.case import ENVELOPE_FORMAT
+from specaudit.contracts.errors import UsageError
+
+KIND = ENGINE
+"""The reproducer kind (`"kind"` of the envelope)."""
+
+
+def reproducer_of(verdict: CbVerdict) -> Reproducer:
+    """A failing verdict as the envelope: what ran, the workload, what it broke."""
+    import transformers
+
+    workload = verdict.run.workload
+    subject = {"engine": ENGINE, "entry_point": workload.entry, "target": "llama", "seed": workload.seed,
+               "transformers": transformers.__version__}  # fmt: skip
+    evidence = violations_evidence([asdict(v) for v in verdict.violations])
+    return Reproducer(KIND, subject, {"workload": workload_json(workload)}, evidence)
+
+
+def write_reproducer(directory: Path, verdict: CbVerdict, name: str | None = None) -> Path:
+    """`DIR/<name>.json` (default `transformers-cb-<entry point>`); returns the path."""
+    return save(Path(directory), name or f"{ENGINE}-{verdict.run.workload.entry}", reproducer_of(verdict))
+
+
+def read_workload(path: Path) -> CbWorkload:
+    """The workload of a transformers-cb reproducer, or of a bare workload file; UsageError naming
+    the file when it is neither."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read reproducer {path}: {exc}") from None
+    workload = _workload_part(data, path)
+    try:
+        return workload_from_json(workload)
+    except (TypeError, ValueError, KeyError, AssertionError) as exc:
+        raise UsageError(f"{path}: not a transformers-cb workload ({exc!r})") from None
+
+
+def _workload_part(data: Any, path: Path) -> dict[str, Any]:
+    if isinstance(data, dict) and data.get("format") == ENVELOPE_FORMAT:
+        if data.get("kind") != KIND:
+            raise UsageError(f"{path}: reproducer kind {data.get('kind')!r}, expected {KIND!r}")
+        data = (data.get("payload") or {}).get("workload")
+    if not isinstance(data, dict) or "requests" not in data:
+        raise UsageError(f"{path}: expected a {KIND} reproducer or a workload with requests")
+    return data
+
+
+def replay_workload(path: Path, timeout: float = 60.0) -> CbVerdict:
+    """The file's workload run again through its entry point on the installed transformers, and
+    judged by every paged-engine check (a planted bug must be in place around the call)."""
+    return judge(run_workload(read_workload(path), timeout=timeout))

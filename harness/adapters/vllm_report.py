@@ -1,0 +1,178 @@
+"""The report of `specaudit audit-vllm`: per served model and configuration, the black box's
+verdict and figures, the white box's, and the server's speculative counters; rendered as
+Markdown and written with the report envelope (`artifacts.report`), an entry per level."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specaudit.adapters.vllm_lifecycle import SERVER_ARGS
+from specaudit.adapters.vllm_metrics import SpecCounts
+from specaudit.artifacts.report import entry, write_report
+from specaudit.config.settings import VllmAuditSettings
+
+WHITEBOX_EVIDENCE = "every target forward's paged layout and every request's outputs, in process, on drawn workloads"
+WHITEBOX_NOTE = ("White box: workloads Hypothesis drew through an in-process engine (drawn), preemptions vLLM made, "
+                 "accepted over drafted tokens, and the share of verify steps with two or more drafting requests in "
+                 "which they accepted different counts (ragged).")  # fmt: skip
+NOTHING_ACCEPTED = "nothing was accepted: a run in which nothing was accepted proves little"
+IN_FLIGHT = ("In flight: requests sent and not yet answered, seen at the client (overlapped: in flight with another; "
+             "peak: the most at once); the server runs at most `--max-num-seqs` 8 of them together.")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ConfigurationOutcome:
+    """One served model x configuration: the black-box verdict (`passed`, `verdict`) and the
+    server's speculative counters, and the white box's result (`adapters.vllm_whitebox`, as JSON;
+    None: not run)."""
+
+    model: str
+    configuration: str
+    speculative: dict[str, Any] | None
+    passed: bool
+    verdict: str
+    requests: int = 0
+    overlapped: int = 0
+    peak_in_flight: int = 0
+    exact_match: float = 0.0
+    partial_match: float = 0.0
+    counts: SpecCounts = field(default_factory=SpecCounts)
+    startup_s: float = 0.0
+    engine_s: float = 0.0
+    oracle_s: float = 0.0
+    wall_s: float = 0.0
+    error: str = ""
+    coverage: dict[str, Any] | None = None  # the black-box audit's (`checks.coverage`); None: it never ran
+    whitebox: dict[str, Any] | None = None  # `WhiteBoxResult.to_json()`; None: the white box did not run
+
+    @property
+    def whitebox_passed(self) -> bool | None:
+        return None if self.whitebox is None else bool(self.whitebox.get("passed"))
+
+    @property
+    def all_passed(self) -> bool:
+        """Both levels: the black box, and the white box where it ran."""
+        return self.passed and self.whitebox_passed is not False
+
+    @property
+    def nothing_accepted(self) -> bool:
+        return self.speculative is not None and self.counts.accepted <= 0
+
+    @property
+    def warnings(self) -> list[str]:
+        out = [NOTHING_ACCEPTED] if self.nothing_accepted else []
+        if self.speculative is None and self.counts.drafted > 0:
+            out.append(f"the control drafted {self.counts.drafted:g} tokens: speculation was on")
+        return out + [f"white box: {w}" for w in (self.whitebox or {}).get("warnings", [])]
+
+    def to_json(self) -> dict[str, Any]:
+        """The black box's entry (the white box has an entry of its own)."""
+        counts = asdict(self.counts) | {"acceptance": self.counts.acceptance}
+        skip = ("counts", "whitebox")
+        data = {k: v for k, v in asdict(self).items() if k not in skip}
+        return data | {"counts": counts, "warnings": self.warnings}
+
+
+def peak_in_flight(spans: Sequence[tuple[float, float]]) -> int:
+    """The most requests in flight at one instant (a request answered as another is sent counts as overlapping)."""
+    events = sorted([(s, 0) for s, _ in spans] + [(e, 1) for _, e in spans])
+    now = peak = 0
+    for _, kind in events:
+        now += 1 if kind == 0 else -1
+        peak = max(peak, now)
+    return peak
+
+
+def from_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a black-box report entry that the vLLM report shows."""
+    rows = report.get("requests", [])
+    spans = [(r["start"], r["end"]) for r in rows if r.get("start") is not None and r.get("end") is not None]
+    return {
+        "passed": bool(report["passed"]),
+        "verdict": str(report["verdict"]),
+        "requests": len(rows),
+        "overlapped": sum(bool(r.get("overlapped")) for r in rows),
+        "peak_in_flight": peak_in_flight(spans),
+        "exact_match": float(report["exact_match"]),
+        "partial_match": float(report["partial_match"]),
+        "engine_s": float(report["seconds"]),
+        "oracle_s": float(report["oracle_seconds"]),
+        "coverage": report.get("coverage"),
+    }
+
+
+def render_markdown(outcomes: Sequence[ConfigurationOutcome], header: str = "") -> str:
+    """The report: one table row per configuration, then each warning and error, then the level of evidence."""
+    from specaudit.adapters.engine_blackbox import EVIDENCE
+
+    lines = ["# specaudit audit-vllm", ""] + ([header, ""] if header else [])
+    lines += [
+        "| model | configuration | black box | exact | partial | in flight (overlapped / peak) | drafted | accepted "
+        "| acceptance | startup s | engine s | oracle s | white box | drawn | preempted | acceptance | ragged | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        rate = "-" if o.counts.acceptance is None else f"{o.counts.acceptance:.2f}"
+        verdict = "PASS" if o.passed else "FAIL"
+        lines.append(
+            f"| {o.model} | {o.configuration} | {verdict} | {o.exact_match:.2f} | {o.partial_match:.2f} | "
+            f"{o.overlapped} of {o.requests} / {o.peak_in_flight} | {o.counts.drafted:g} | {o.counts.accepted:g} | "
+            f"{rate} | {o.startup_s:.1f} | {o.engine_s:.1f} | {o.oracle_s:.1f} | {whitebox_cells(o.whitebox)} |"
+        )
+    lines += ["", IN_FLIGHT, "", WHITEBOX_NOTE] + notes_of(outcomes)
+    passed = sum(o.all_passed for o in outcomes)
+    lines += ["", f"{passed} of {len(outcomes)} configurations passed (both levels).", "",
+              f"Level of evidence: black box {EVIDENCE}; white box {WHITEBOX_EVIDENCE}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def notes_of(outcomes: Sequence[ConfigurationOutcome]) -> list[str]:
+    """Each warning, failing verdict and error, per configuration."""
+    notes = [f"- **{o.model} / {o.configuration}**: {w}" for o in outcomes for w in o.warnings]
+    notes += [f"- **{o.model} / {o.configuration}**: {o.verdict}" for o in outcomes if not o.passed and not o.error]
+    notes += [f"- **{o.model} / {o.configuration}** ERROR: {o.error.splitlines()[0]}" for o in outcomes if o.error]
+    for o in outcomes:
+        if o.whitebox_passed is False:
+            first = (o.whitebox.get("violations") or [{}])[0] if o.whitebox else {}
+            where = o.whitebox.get("reproducer") or o.whitebox.get("error", "") if o.whitebox else ""
+            notes.append(f"- **{o.model} / {o.configuration}** white box FAIL: {first.get('check')}/"
+                         f"{first.get('rule')} {first.get('found', '')} ({where})")  # fmt: skip
+    return [""] + notes if notes else []
+
+
+def whitebox_cells(whitebox: dict[str, Any] | None) -> str:
+    """verdict | workloads drawn | preemptions | acceptance | ragged share | seconds."""
+    if whitebox is None:
+        return "- | - | - | - | - | -"
+    a = whitebox.get("acceptance", {})
+
+    def show(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    verdict = "PASS" if whitebox.get("passed") else "FAIL"
+    return (f"{verdict} | {whitebox.get('examples', 0)} | {whitebox.get('preemptions', 0)} | {show(a.get('rate'))} | "
+            f"{show(a.get('ragged_share'))} | {whitebox.get('seconds', 0):.0f}")  # fmt: skip
+
+
+def write_reports(
+    settings: VllmAuditSettings, outcomes: Sequence[ConfigurationOutcome], wall_s: float, version: str
+) -> str:
+    header = (f"vLLM {version} (`{' '.join(SERVER_ARGS)}`); black box: {settings.requests} requests of up to "
+              f"{settings.max_new_tokens} tokens per configuration, arrivals over {settings.spread:g} s, seed "
+              f"{settings.seed}; white box: up to {settings.whitebox_examples} drawn workloads within "
+              f"{settings.whitebox_minutes:g} min per configuration; total wall time {wall_s:.0f} s.")  # fmt: skip
+    text = render_markdown(outcomes, header)
+    settings.out.mkdir(parents=True, exist_ok=True)
+    (settings.out / "report.md").write_text(text)
+    entries = []
+    for o in outcomes:
+        where = {"model": o.model, "configuration": o.configuration}
+        entries.append(entry("vllm configuration", where | {"level": "black box"}, o.passed, None, None, o.to_json()))
+        if o.whitebox is not None:
+            entries.append(
+                entry("vllm white box", where | {"level": "white box"}, bool(o.whitebox_passed), None, None, o.whitebox)
+            )
+    write_report(settings.out, "audit-vllm", entries, wall_s=wall_s, vllm=version, settings=asdict(settings))
+    return text

@@ -1,0 +1,193 @@
+"""The plan of an audit (or a gate): its items, one list of subject drivers, and the worker pool.
+
+Every item is one independent search: a subject (a decoder, an engine, ...) on a model, with
+its budgets. What each kind of subject needs is one `SubjectDriver` in `SUBJECTS`: which items
+the audit and the gate plan for it, how to load its spec (an unloadable one is a usage error
+before anything runs), how to run one item to a `Verdict`, how its table is rendered, and what
+an item costs. The audit and the gate read `SUBJECTS` and nothing else of a kind.
+
+Adding a subject kind (a paged engine such as transformers' continuous batching: a driver in
+`specaudit.adapters` that returns report entries) is one more `SubjectDriver` appended to
+`SUBJECTS` here: its plan functions (items with `Item.kind` set to its name), its `run` returning
+a `Verdict` (`specaudit.audits.verdict`; a driver that returns report entries wraps each in an
+`EntryVerdict`), and its table (`specaudit.artifacts.tables.entries_table` renders any kind's
+entries). The worker pool, the progress lines, the tables' order, report.json and the
+reproducers follow from the protocol; the gate judges decoders and engines only so far
+(`specaudit.audits.gate.judge`), so a new kind's `gate_plan` returns [] until it is taught there.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Protocol
+
+from specaudit.audits.decoders import (
+    PLANTED_BUG_EXAMPLES,
+    PLANTED_SHRINK_BUDGET,
+    audit_model,
+    audit_plan,
+    format_table,
+)
+from specaudit.audits.engines import PLANTED_ENGINE_EXAMPLES, audit_engine, engine_plan, format_engine_table
+from specaudit.audits.subject import Item, SubjectDriver
+from specaudit.audits.transformers_cb import TRANSFORMERS_CB
+from specaudit.audits.verdict import Progress, Verdict
+from specaudit.config.settings import AuditSettings, GateSettings
+from specaudit.config.xfails import KnownFailures
+from specaudit.contracts.decoder import load_decoder
+from specaudit.contracts.engine import load_engine
+from specaudit.search.driver import SHRINK_BUDGET
+from specaudit.search.jobs import default_jobs, run_all
+
+# ---------------------------------------------------------------------------------------
+# Decoders
+
+
+def decoder_items(settings: AuditSettings) -> list[Item]:
+    """The decoder plan, each item with its search budgets (a planted bug's: a bound, and a
+    smaller shrink budget)."""
+    items = []
+    for spec, expect_failure, model in audit_plan(settings):
+        budget = max(settings.examples, PLANTED_BUG_EXAMPLES) if expect_failure else settings.examples
+        shrink = PLANTED_SHRINK_BUDGET if expect_failure else SHRINK_BUDGET
+        items.append(
+            Item(spec, model, expect_failure, budget, settings.seed, known=settings.xfails, shrink_budget=shrink)
+        )
+    return items
+
+
+def gate_decoder_items(settings: GateSettings) -> list[Item]:
+    """Every decoder x model, past the known failures, with the search's own shrink budget."""
+    return [
+        Item(spec, model, False, settings.examples, settings.seed, known=settings.xfails)
+        for spec in settings.decoders
+        for model in settings.models
+    ]
+
+
+def run_decoder(item: Item, progress: Progress | None) -> Verdict:
+    return audit_model(
+        item.spec,
+        item.model,
+        item.examples,
+        item.seed,
+        progress=progress,
+        expect_failure=item.expect_failure,
+        known=item.known,
+        shrink_budget=item.shrink_budget,
+    )
+
+
+def decoder_headline(items: list[Item]) -> str:
+    return f"{len(items)} decoder/model pairs ({len({item.spec for item in items})} decoders), "
+
+
+DECODERS = SubjectDriver(
+    "decoder", decoder_items, gate_decoder_items, load_decoder, run_decoder, format_table, decoder_headline
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Engines through the state machine
+
+
+def engine_items(settings: AuditSettings) -> list[Item]:
+    items = []
+    for spec, expect_failure, model in engine_plan(settings):
+        budget = max(settings.examples, PLANTED_ENGINE_EXAMPLES) if expect_failure else settings.examples
+        items.append(Item(spec, model, expect_failure, budget, settings.seed, kind="engine"))
+    return items
+
+
+def gate_engine_items(settings: GateSettings) -> list[Item]:
+    """Every engine x model through the state machine (Hypothesis shrinking on)."""
+    return [
+        Item(spec, model, False, settings.examples, settings.seed, kind="engine")
+        for spec in settings.engines
+        for model in settings.models
+    ]
+
+
+def run_engine(item: Item, progress: Progress | None) -> Verdict:
+    """Planted engine bugs skip Hypothesis's shrinking (seconds each) and are shrunk by `minimize_ops` alone."""
+    shrink = not item.expect_failure
+    return audit_engine(
+        item.spec, item.examples, item.seed, expect_failure=item.expect_failure, shrink=shrink, model=item.model
+    )
+
+
+def engine_headline(items: list[Item]) -> str:
+    return f"{len(items)} engine(s) through the engine state machine, "
+
+
+ENGINES = SubjectDriver(
+    "engine", engine_items, gate_engine_items, load_engine, run_engine, format_engine_table, engine_headline, 0.1
+)
+
+
+SUBJECTS: list[SubjectDriver] = [DECODERS, ENGINES, TRANSFORMERS_CB]
+"""Every subject kind the audit and the gate run, in plan (and table) order. A new kind is one
+more driver here (see the module docstring)."""
+
+
+def driver(kind: str) -> SubjectDriver:
+    return next(d for d in SUBJECTS if d.kind == kind)
+
+
+# ---------------------------------------------------------------------------------------
+# The run: every item, in worker processes, the results in plan order
+
+
+def run_item(item: Item, progress: Progress | None = None) -> tuple[Verdict, list[int]]:
+    """One item's verdict and the known-failure entries it matched (a worker's copy of them)."""
+    return driver(item.kind).run(item, progress), sorted(item.known.used)
+
+
+MODEL_COST = {"transparent": 1.0}
+"""Rough cost of an item by model, so that the slow ones start first and no worker is left with
+a long one at the end: the tiny real models cost about 5x the transparent one, an engine about a
+tenth of a decoder (bench/results/audit_time.md). Only the start order depends on it."""
+
+
+def item_cost(item: Item) -> float:
+    return MODEL_COST.get(item.model, 5.0) * driver(item.kind).cost
+
+
+class Runs(Protocol):
+    """What `run_items` reads of a command's settings (the audit's, the gate's)."""
+
+    jobs: int | None  # worker processes; None: one per available core
+    quiet: bool
+    xfails: KnownFailures  # the entries the workers matched are marked used in it
+
+
+def run_items(items: list[Item], settings: Runs) -> list[Verdict]:
+    """Every item on `settings.jobs` workers; progress lines as each finishes, results in plan order."""
+    progress = {
+        d.kind: Progress(sum(item.kind == d.kind for item in items), enabled=not settings.quiet) for d in SUBJECTS
+    }
+
+    def on_done(index: int, result: tuple[Verdict, list[int]]) -> None:
+        verdict, used = result
+        settings.xfails.mark_used(used)
+        progress[verdict.kind].finish_item(verdict)
+
+    jobs = settings.jobs or default_jobs()
+    fn = run_item if jobs > 1 else functools.partial(run_in_process, progress=progress)
+    return [verdict for verdict, _ in run_all(fn, items, jobs, on_done, first=item_cost)]
+
+
+def run_in_process(item: Item, progress: dict[str, Progress]) -> tuple[Verdict, list[int]]:
+    """`run_item` with its kind's progress bar (one process: the bar can follow the search)."""
+    return run_item(item, progress[item.kind])
+
+
+def by_kind(verdicts: list[Verdict]) -> list[tuple[SubjectDriver, list[Verdict]]]:
+    """The verdicts grouped by subject kind, in `SUBJECTS` order, kinds with none left out."""
+    groups = [(d, [v for v in verdicts if v.kind == d.kind]) for d in SUBJECTS]
+    return [(d, group) for d, group in groups if group]
+
+
+def tables(verdicts: list[Verdict]) -> str:
+    """Each kind's table, in `SUBJECTS` order, a blank line between two."""
+    return "\n\n".join(d.table(group) for d, group in by_kind(verdicts))

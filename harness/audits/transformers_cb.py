@@ -1,0 +1,132 @@
+"""`transformers-cb` in `make audit`: transformers' continuous batching as a second paged engine.
+
+Its items: each public entry point's fixed workload (must pass), a Hypothesis search over
+drawn workloads and every entry point (must pass; a failure is shrunk to a minimal workload),
+and each planted bug of `specaudit.reference.transformers_cb_mutants` on its workload (must be
+caught). Every run is judged by the registry's paged-engine checks
+(`specaudit.adapters.transformers_cb.judge`); each verdict is one report entry of kind "paged
+engine", and every failure is written as a `transformers-cb` reproducer that `specaudit replay`
+runs again. With --decoder or --engine the audit is of the user's own subjects: none of these.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any
+
+from specaudit.adapters.transformers_cb import (
+    ENGINE,
+    ENTRY_POINTS,
+    KNOWN_DEFECTS,
+    SMOKE,
+    CbVerdict,
+    judge,
+    mutant_workload,
+    report_entry,
+    run_workload,
+    search,
+    search_entry,
+    write_reproducer,
+)
+from specaudit.artifacts.tables import entries_table
+from specaudit.audits.subject import Item, SubjectDriver
+from specaudit.audits.verdict import EntryVerdict, Progress, Verdict
+from specaudit.checks.registry import check_named, decided
+from specaudit.config.settings import AuditSettings, GateSettings
+from specaudit.contracts.violation import Violation
+from specaudit.reference.transformers_cb_mutants import BY_NAME, MUTANTS, planted
+from specaudit.search.jobs import one_torch_thread
+
+MODEL = "tiny-llama"  # the engine's own model (`adapters.transformers_cb.models`), not a built-in model's name
+SEARCH_EXAMPLES = 30  # drawn workloads of the Hypothesis item, at most (about 20 s on two cores)
+SMOKE_PREFIX, PLANTED_PREFIX, SEARCH_SPEC = "smoke:", "planted:", "hypothesis"
+CB_MODULE = "transformers.generation.continuous_batching"
+
+
+def available() -> bool:
+    """Whether the installed transformers has the continuous batching this adapter reads (tried
+    on 5.19 and 5.24; 4.x has none, so an audit there has no `transformers-cb` rows)."""
+    try:
+        return importlib.util.find_spec(f"{CB_MODULE}.input_outputs") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def audit_items(settings: AuditSettings) -> list[Item]:
+    """With neither --decoder nor --engine: each entry point, the search, and every planted bug."""
+    if settings.decoders or settings.engines or not available():
+        return []
+    smoke = [Item(SMOKE_PREFIX + name, MODEL, False, 1, settings.seed, kind=ENGINE) for name in ENTRY_POINTS]
+    examples = min(settings.examples, SEARCH_EXAMPLES)
+    hypothesis = Item(SEARCH_SPEC, MODEL, False, examples, settings.seed, kind=ENGINE)
+    bugs = [Item(PLANTED_PREFIX + m.name, MODEL, True, 1, settings.seed, kind=ENGINE) for m in MUTANTS]
+    return [*smoke, hypothesis, *bugs]
+
+
+def gate_items(settings: GateSettings) -> list[Item]:
+    """The gate judges the user's decoders and engines; transformers' own engine is not one."""
+    return []
+
+
+def run_item(item: Item, progress: Progress | None = None) -> Verdict:
+    with one_torch_thread():  # the engine's thread and the oracle's: two cores, no oversubscription
+        if item.spec == SEARCH_SPEC:
+            return searched(item)
+        name = item.spec.removeprefix(PLANTED_PREFIX)
+        if item.spec.startswith(PLANTED_PREFIX):
+            with planted(BY_NAME[name]):
+                verdict = judge(run_workload(mutant_workload(BY_NAME[name].workload)))
+            return judged(verdict, {"workload": BY_NAME[name].workload, "planted": name}, item)
+        name = item.spec.removeprefix(SMOKE_PREFIX)
+        return judged(judge(run_workload(SMOKE[name])), {"workload": "smoke", "entry_point": name}, item)
+
+
+def judged(verdict: CbVerdict, subject: dict[str, Any], item: Item) -> EntryVerdict:
+    """One judged run as the audit's verdict: its entry (with the signature its first violation
+    maps to), the evidence lines, and its reproducer when it failed."""
+    entry = with_signature(report_entry(verdict, subject), verdict.first)
+    name = f"{ENGINE}-{item.spec.replace(':', '-')}"
+    return EntryVerdict(ENGINE, entry, item.expect_failure, [f"  {verdict.render()}"], writer(verdict, name))
+
+
+def searched(item: Item) -> EntryVerdict:
+    """The Hypothesis item: `item.examples` drawn workloads, a failure shrunk to a minimal one."""
+    start = time.perf_counter()
+    found = search(item.seed, item.examples)
+    seconds = time.perf_counter() - start
+    entry = search_entry(found, item.seed, seconds, {d.name: d.reproducer for d in KNOWN_DEFECTS})
+    failing = found.failing
+    if failing is None:
+        return EntryVerdict(ENGINE, entry, False)
+    entry = with_signature(entry, failing.first)
+    return EntryVerdict(ENGINE, entry, False, [f"  {failing.render()}"], writer(failing, f"{ENGINE}-hypothesis"))
+
+
+def with_signature(entry: dict[str, Any], first: Violation | None) -> dict[str, Any]:
+    """The paper's signature of the first violation, as the registry maps it for this check (an
+    output divergence, which a decoder's would re-run alone to decide, is left undecided)."""
+    if first is None or first.check == "equivalence":
+        return entry
+    signature, _ = decided(check_named(first.check).signature(first, None), None)
+    return {**entry, "signature": signature}
+
+
+def writer(verdict: CbVerdict, name: str) -> Any:
+    def write(directory: Path, summary: str) -> list[Path]:
+        return [] if verdict.passed else [write_reproducer(directory, verdict, name)]
+
+    return write
+
+
+def table(verdicts: list[Any]) -> str:
+    return entries_table(ENGINE, [v.report_entry() for v in verdicts], [v.details() for v in verdicts])
+
+
+def headline(items: list[Item]) -> str:
+    return f"{len(items)} {ENGINE} run(s), "
+
+
+TRANSFORMERS_CB = SubjectDriver(ENGINE, audit_items, gate_items, lambda spec: None, run_item, table, headline, 0.2)
+"""The audit's driver of transformers' continuous batching (`specaudit.audits.plan.SUBJECTS`)."""
