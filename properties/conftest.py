@@ -59,11 +59,22 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.load_profile(default_profile())
     if getattr(config.option, "dist", None) == "load":  # -n N alone: group a parametrization's properties
         config.option.dist = "loadgroup"
+    if getattr(config, "workerinput", {}).get("specaudit_loadgroup"):
+        config.option.loadgroup = True  # see pytest_configure_node
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Tiny models gain nothing from intra-op threads; N workers x N threads thrash the cores.
         import torch
 
         torch.set_num_threads(1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each xdist worker that the controller groups tests (`loadgroup`, set above): a worker
+    decides from its own command line, which lacks the `--dist` chosen here, and without it
+    names no groups, so a parametrization's properties spread over the workers and each worker
+    drew and ran their cases again."""
+    node.workerinput["specaudit_loadgroup"] = node.config.getvalue("dist") == "loadgroup"
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,11 +223,15 @@ def add_engine_option(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A parametrization's properties on one worker (under `--dist loadgroup`), where they share runs."""
+    """A parametrization's properties on one worker (under `--dist loadgroup`), where they share runs:
+    before xdist's worker reads the marks into the groups it reports (its hook, registered after
+    this conftest, would otherwise run first and find none)."""
     for item in items:
         if item.get_closest_marker("specaudit") is not None and getattr(item, "callspec", None) is not None:
-            item.add_marker(pytest.mark.xdist_group(parametrization(item)))
+            # no "]" in the name: xdist reads a group only after the last "]" of the node id
+            item.add_marker(pytest.mark.xdist_group(parametrization(item).strip("[]")))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

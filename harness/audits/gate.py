@@ -94,7 +94,7 @@ def describe(settings: GateSettings) -> str:
     return f"every check must pass except {known}; exact-row rate >= {settings.min_exact_match:g}"
 
 
-def judge(v: Verdict, settings: GateSettings) -> Judged:
+def held_to_gate(v: Verdict, settings: GateSettings) -> Judged:
     """`v` against the thresholds. A failing verdict fails the gate, except an engine whose every
     violation is known (its machine stopped there); a decoder's search already went past its
     known failures, and a passing decoder can still miss --min-exact-match."""
@@ -305,7 +305,7 @@ def run_gate(settings: GateSettings) -> int:
     verdicts = run_items(items, settings)
     if verdicts:
         print(tables(verdicts))
-    judged = [judge(v, settings) for v in verdicts]
+    judged = [held_to_gate(v, settings) for v in verdicts]
     reproducers = write_outputs(judged, settings)
     for j in judged:
         if j.failure is not None and j.failure.kind == "threshold":

@@ -13,7 +13,7 @@ a `Verdict` (`specaudit.audits.verdict`; a driver that returns report entries wr
 `EntryVerdict`), and its table (`specaudit.artifacts.tables.entries_table` renders any kind's
 entries). The worker pool, the progress lines, the tables' order, report.json and the
 reproducers follow from the protocol; the gate judges decoders and engines only so far
-(`specaudit.audits.gate.judge`), so a new kind's `gate_plan` returns [] until it is taught there.
+(`specaudit.audits.gate.held_to_gate`), so a new kind's `gate_plan` returns [] until it is taught there.
 """
 
 from __future__ import annotations

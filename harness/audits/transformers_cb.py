@@ -70,7 +70,7 @@ def gate_items(settings: GateSettings) -> list[Item]:
     return []
 
 
-def run_item(item: Item, progress: Progress | None = None) -> Verdict:
+def run_transformers_cb(item: Item, progress: Progress | None = None) -> Verdict:
     with one_torch_thread():  # the engine's thread and the oracle's: two cores, no oversubscription
         if item.spec == SEARCH_SPEC:
             return searched(item)
@@ -128,5 +128,7 @@ def headline(items: list[Item]) -> str:
     return f"{len(items)} {ENGINE} run(s), "
 
 
-TRANSFORMERS_CB = SubjectDriver(ENGINE, audit_items, gate_items, lambda spec: None, run_item, table, headline, 0.2)
+TRANSFORMERS_CB = SubjectDriver(
+    ENGINE, audit_items, gate_items, lambda spec: None, run_transformers_cb, table, headline, 0.2
+)
 """The audit's driver of transformers' continuous batching (`specaudit.audits.plan.SUBJECTS`)."""

@@ -108,7 +108,7 @@ def collected_labels() -> Iterator[Counter[str]]:
 
 
 @dataclass(frozen=True)
-class Row:
+class DrawnRow:
     """One drawn row: a new prompt with its acceptance rounds, or a duplicate of an earlier row."""
 
     prompt: tuple[int, ...] | None
@@ -131,29 +131,29 @@ def rounds_for(kind: str, k: int) -> st.SearchStrategy[tuple[int, ...]]:
     return st.lists(st.integers(0, k), min_size=1, max_size=6).map(tuple)
 
 
-def row_strategy(bounds: Bounds, length: int | None, kind: str, k: int) -> st.SearchStrategy[Row]:
+def row_strategy(bounds: Bounds, length: int | None, kind: str, k: int) -> st.SearchStrategy[DrawnRow]:
     """A row of the batch; rows are drawn as one list so the shrinker can delete any of them."""
     token = st.integers(0, VOCAB_SIZE - 1)
     lo, hi = (length, length) if length is not None else (bounds.min_prompt_len, bounds.prompt_len)
     fresh = st.builds(
-        Row,
+        DrawnRow,
         prompt=st.lists(token, min_size=lo, max_size=hi).map(tuple),
         first=st.booleans() if kind not in ("all-accept", "all-reject") else st.just(kind == "all-accept"),
         rounds=rounds_for(kind, k),
     )
-    duplicate = st.builds(Row, prompt=st.none(), duplicate_of=st.integers(0, bounds.rows - 1))
+    duplicate = st.builds(DrawnRow, prompt=st.none(), duplicate_of=st.integers(0, bounds.rows - 1))
     return st.one_of(fresh, fresh, duplicate)  # two in three rows are new prompts
 
 
-def resolve_rows(rows: list[Row]) -> list[Row]:
+def resolve_rows(rows: list[DrawnRow]) -> list[DrawnRow]:
     """Duplicates become copies of the row they repeat (a leading one, with nothing to repeat,
     the simplest row); a prompt drawn twice keeps its first schedule, since the draft cannot
     tell identical prompts apart."""
-    out: list[Row] = []
-    first: dict[tuple[int, ...], Row] = {}
+    out: list[DrawnRow] = []
+    first: dict[tuple[int, ...], DrawnRow] = {}
     for row in rows:
         if row.prompt is None:
-            row = out[row.duplicate_of % len(out)] if out else Row((0,), False, (0,))
+            row = out[row.duplicate_of % len(out)] if out else DrawnRow((0,), False, (0,))
         out.append(first.setdefault(row.prompt, row))  # type: ignore[arg-type]
     return out
 

@@ -8,8 +8,9 @@ one small run's trace is checked by hand; each planted bug
 defects of transformers' own `generate(cache_implementation="paged")` are shown and matched as
 known failures. A failure is written as a reproducer that replays to the same check and rule
 (shrunk by Hypothesis first, in the slow test); the audit's entries are tested in
-tests/audits/test_transformers_cb_audit.py. Pure tests pin the paged rules' handling of blocks shared by content and of blocks given back, which
-transformers' de-duplication of completed blocks needs.
+tests/audits/test_transformers_cb_audit.py. Pure tests pin the paged rules' handling of blocks
+shared by content and of blocks given back, which transformers' de-duplication of completed
+blocks needs.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from specaudit.artifacts.reproducer import identifier
 from specaudit.audits.audit import write_outputs
 from specaudit.audits.decoders import DecoderVerdict as Verdict
 from specaudit.audits.decoders import distinct, failure_name, format_table
-from specaudit.audits.gate import judge, junit_xml
+from specaudit.audits.gate import held_to_gate, junit_xml
 from specaudit.checks.diagnosis import Diagnosis, diagnose
 from specaudit.commands.replay import replay
 from specaudit.config.settings import GateSettings
@@ -90,7 +90,7 @@ def test_junit_has_a_failing_testcase_per_failure(verdict: Verdict, tmp_path: Pa
     """The gate's JUnit: the decoder x model testcase fails on the first, and one more testcase
     per further failure (`MODEL failure N`) fails with its own check, rule and reproducer."""
     settings = GateSettings(decoders=(SPEC,), models=("transparent",), junit=tmp_path / "j.xml", out=tmp_path)
-    judged = judge(verdict, settings)
+    judged = held_to_gate(verdict, settings)
     paths = [tmp_path / f"{identifier(failure_name(verdict, i))}.json" for i in range(3)]
     root = junit_xml([judged], settings, [paths]).getroot()
     cases = root.findall("./testsuite/testcase")

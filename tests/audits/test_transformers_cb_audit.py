@@ -12,7 +12,7 @@ from specaudit.adapters.transformers_cb import mutant_workload, read_workload, r
 from specaudit.audits import transformers_cb
 from specaudit.audits.plan import SUBJECTS, driver
 from specaudit.audits.subject import Item
-from specaudit.audits.transformers_cb import MODEL, audit_items, run_item
+from specaudit.audits.transformers_cb import MODEL, audit_items, run_transformers_cb
 from specaudit.checks.registry import PAGED
 from specaudit.commands.replay import replay
 from specaudit.config.settings import AuditSettings
@@ -44,7 +44,7 @@ def test_a_planted_bug_is_caught_as_a_paged_engine_entry_whose_reproducer_replay
     signature the registry maps it to; its reproducer replays to the same rule with the bug in
     place, and passes without it (the file holds the workload)."""
     mutant = BY_NAME["write-over-previous-page"]
-    verdict = run_item(Item(f"planted:{mutant.name}", MODEL, True, 1, 0, kind="transformers-cb"))
+    verdict = run_transformers_cb(Item(f"planted:{mutant.name}", MODEL, True, 1, 0, kind="transformers-cb"))
     entry = verdict.report_entry()
     assert entry["kind"] == PAGED == "paged engine" and entry["passed"] is False and entry["as_expected"]
     assert (entry["first"]["check"], entry["first"]["rule"]) == (mutant.check, mutant.rule), entry["first"]
@@ -61,6 +61,6 @@ def test_a_planted_bug_is_caught_as_a_paged_engine_entry_whose_reproducer_replay
 
 
 def test_a_passing_run_writes_no_reproducer(tmp_path: Path) -> None:
-    verdict = run_item(Item("smoke:generate_batch", MODEL, False, 1, 0, kind="transformers-cb"))
+    verdict = run_transformers_cb(Item("smoke:generate_batch", MODEL, False, 1, 0, kind="transformers-cb"))
     assert verdict.passed and verdict.as_expected and verdict.report_entry()["kind"] == PAGED
     assert verdict.write_reproducers(tmp_path, "summary") == [] and list(tmp_path.iterdir()) == []
