@@ -11,6 +11,7 @@ runs again. With --decoder or --engine the audit is of the user's own subjects: 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import time
 from pathlib import Path
@@ -28,11 +29,12 @@ from specaudit.adapters.transformers_cb import (
     run_workload,
     search,
     search_entry,
-    write_reproducer,
 )
+from specaudit.adapters.transformers_cb.reproducer import reproducer_of
+from specaudit.artifacts.reproducer import Reproducer, save
 from specaudit.artifacts.tables import entries_table
 from specaudit.audits.subject import Item, SubjectDriver
-from specaudit.audits.verdict import EntryVerdict, Progress, Verdict
+from specaudit.audits.verdict import EntryVerdict, Progress, Verdict, Writer
 from specaudit.checks.registry import check_named, decided
 from specaudit.config.settings import AuditSettings, GateSettings
 from specaudit.contracts.violation import Violation
@@ -113,11 +115,14 @@ def with_signature(entry: dict[str, Any], first: Violation | None) -> dict[str, 
     return {**entry, "signature": signature}
 
 
-def writer(verdict: CbVerdict, name: str) -> Any:
-    def write(directory: Path, summary: str) -> list[Path]:
-        return [] if verdict.passed else [write_reproducer(directory, verdict, name)]
+def writer(verdict: CbVerdict, name: str) -> Writer | None:
+    """A failing verdict's reproducer writer: its envelope made here, so that the verdict crosses
+    from a worker process as data (a picklable partial, no closure over the run)."""
+    return None if verdict.passed else functools.partial(write_envelope, reproducer_of(verdict), name)
 
-    return write
+
+def write_envelope(reproducer: Reproducer, name: str, directory: Path, summary: str) -> list[Path]:
+    return [save(Path(directory), name, reproducer)]
 
 
 def table(verdicts: list[Any]) -> str:

@@ -4,6 +4,7 @@ bug's verdict as a paged-engine report entry whose reproducer replays, a passing
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,7 @@ def test_a_planted_bug_is_caught_as_a_paged_engine_entry_whose_reproducer_replay
     assert entry["kind"] == PAGED == "paged engine" and entry["passed"] is False and entry["as_expected"]
     assert (entry["first"]["check"], entry["first"]["rule"]) == (mutant.check, mutant.rule), entry["first"]
     assert entry["signature"] == "kv-drift", entry["signature"]
+    verdict = pickle.loads(pickle.dumps(verdict))  # as a worker process sends it back to the audit
     [path] = verdict.write_reproducers(tmp_path, "summary")
     assert json.loads(path.read_text())["kind"] == "transformers-cb"
     assert read_workload(path) == mutant_workload(mutant.workload)
