@@ -5,7 +5,7 @@ Adds the short `--decoder`/`--models` spellings of the plugin's `--specaudit-*` 
 registers and loads specaudit's Hypothesis profiles (`specaudit-ci` when `CI` is set,
 `specaudit-dev` otherwise, unless `--hypothesis-profile` says), seeds each parametrization's
 properties alike and gives them the profile's `suite_examples()` (`pytest_runtest_call`), keeps
-them on one xdist worker (`loadgroup`) and each worker on one torch thread.
+them on one xdist worker (`pytest_xdist_make_scheduler`) and each worker on one torch thread.
 
 Cases drawn once are judged by every check: each property of one decoder x model draws the same
 cases from the same seed, on the same worker, so each case is run once and each check judges it
@@ -57,10 +57,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("filterwarnings", warning)
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile(default_profile())
-    if getattr(config.option, "dist", None) == "load":  # -n N alone: group a parametrization's properties
-        config.option.dist = "loadgroup"
-    if getattr(config, "workerinput", {}).get("specaudit_loadgroup"):
-        config.option.loadgroup = True  # see pytest_configure_node
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Tiny models gain nothing from intra-op threads; N workers x N threads thrash the cores.
         import torch
@@ -68,13 +64,33 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    """Tell each xdist worker that the controller groups tests (`loadgroup`, set above): a worker
-    decides from its own command line, which lacks the `--dist` chosen here, and without it
-    names no groups, so a parametrization's properties spread over the workers and each worker
-    drew and ran their cases again."""
-    node.workerinput["specaudit_loadgroup"] = node.config.getvalue("dist") == "loadgroup"
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `-n N` (`--dist load` or `loadgroup`): a parametrization's properties are one unit of
+    work on one worker, where they share one stream of runs; every other test is a unit of its
+    own. The groups are the largest units, so xdist hands them out first.
+
+    Grouped by node id on the controller, not by xdist's `xdist_group` mark: pytest-xdist 3.8
+    names a group by rewriting `item._nodeid`, which pytest 9 no longer reads, so the mark
+    groups nothing there (each property then ran its decoder x model's cases on both workers)."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByParametrization(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return property_group(nodeid) or nodeid
+
+    return ByParametrization(config, log)
+
+
+def property_group(nodeid: str) -> str | None:
+    """The unit of work of a conformance property's node id: its parametrization (`[decoder-model]`),
+    shared by the eight properties; None for any other test."""
+    path, _, name = nodeid.partition("::")
+    if not path.endswith("test_conformance.py") or not name.endswith("]") or "[" not in name:
+        return None
+    return path + "::" + name[name.index("[") :]
 
 
 # ---------------------------------------------------------------------------------------
@@ -221,17 +237,6 @@ def add_engine_option(parser: pytest.Parser) -> None:
         metavar="MODULE:ATTR",
         help="continuous-batching engine under test (repeatable); default: the reference engines",
     )
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A parametrization's properties on one worker (under `--dist loadgroup`), where they share runs:
-    before xdist's worker reads the marks into the groups it reports (its hook, registered after
-    this conftest, would otherwise run first and find none)."""
-    for item in items:
-        if item.get_closest_marker("specaudit") is not None and getattr(item, "callspec", None) is not None:
-            # no "]" in the name: xdist reads a group only after the last "]" of the node id
-            item.add_marker(pytest.mark.xdist_group(parametrization(item).strip("[]")))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

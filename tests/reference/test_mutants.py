@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from specaudit.audits.decoders import PLANTED_SHRINK_BUDGET
 from specaudit.checks.diagnosis import diagnose
 from specaudit.checks.registry import CHECK_ORDER, SIGNATURES
 from specaudit.contracts.builtins import MODELS
@@ -20,7 +21,6 @@ from specaudit.search.driver import search
 from specaudit.search.strategies import pattern_from_rounds
 
 MAX_EXAMPLES = 200
-NEW_RANGE_SHRINK_BUDGET = 40
 
 
 class NotCaught(AssertionError):
@@ -48,7 +48,7 @@ def test_mutant_is_caught_with_a_small_case(name: str) -> None:
     rows its BugInfo says it needs."""
     bug: BugInfo = CATALOG[name].bug
     spec = f"specaudit.reference.mutants:{name}"
-    shrink = NEW_RANGE_SHRINK_BUDGET if name in RANGE_EDGES else 150  # their cases are large: shrink less
+    shrink = PLANTED_SHRINK_BUDGET  # the audit's: what it shrinks each planted bug with must be enough
     result = search(
         spec, bug.models[0], max_examples=MAX_EXAMPLES, seed=0, shrink_budget=shrink, minimize_budget=shrink
     )
