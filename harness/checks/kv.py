@@ -34,8 +34,8 @@ from specaudit.running.runner import Run
 # (rows mixed up), the row's own masked slots and the pad token (pads attended). An
 # alternative within b of the expected entry is the same entry up to noise and does not
 # compete. By the triangle inequality a slot with d_E <= b / 2 is then nearer to its expected
-# entry than to any competing alternative, so alternatives are computed only for slots in (b /
-# 2, b] and for the violation's evidence.
+# entry than to any competing alternative, so alternatives are computed only for slots in
+# (b / 2, b] and for the violation's evidence.
 
 KV_NOISE_MULTIPLE = 3.0
 """The I2 bound is this many times the measured worst-case K/V noise (`NoiseFloor.kv_max`).
