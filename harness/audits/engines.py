@@ -155,7 +155,7 @@ def audit_engine(
     run = run_machine(spec, examples, ENGINE_STEPS, seed=seed, shrink=shrink, model=model)
     verdict = EngineVerdict(spec, run, expect_failure, model=model)
     failure = verdict.run.failure
-    if failure is not None and failure.reproducer["ops"]:
+    if failure is not None and failure.reproducer.ops:
         try:
             verdict.minimized = minimize_ops(failure.reproducer, ENGINE_MINIMIZE_BUDGET)
         except ReproducerPasses:

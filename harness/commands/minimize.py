@@ -104,13 +104,13 @@ def minimize_engine(settings: EngineMinimizeSettings) -> int:
         return 0
     print(render(result.violations))
     print(f"\nminimized rules ({result.summary()}):")
-    for op in result.reproducer["ops"]:
-        print(f"  {json.dumps(op)}")
+    for op in result.reproducer.ops:
+        print(f"  {json.dumps(op.to_json())}")
     try:
         paths = write_engine_failure(
             settings.out,
             output_name(settings.case, settings.out),
-            result.reproducer,
+            result.reproducer.to_json(),
             result.violations,
             result.summary(),
         )

@@ -20,7 +20,7 @@ subject and payload).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -136,12 +136,11 @@ RULES_KEYS = ("engine", "num_draft_tokens", "eos_token_id", "pad_token_id", "ops
 
 
 @dataclass(frozen=True)
-class EngineRules(Mapping[str, Any]):
+class EngineRules:
     """One engine session as data: the engine and model it runs on, K, EOS and pad, and its rules.
 
     Its repr is evaluable with the op classes in scope (pin a found sequence in a test); its
-    JSON form is `to_json`. While the callers of the dict form move over, it also reads as a
-    read-only mapping of that JSON form (`rules["ops"]`, `dict(rules)`): use the fields instead.
+    JSON form is `to_json`.
     """
 
     engine: str
@@ -220,17 +219,6 @@ class EngineRules(Mapping[str, Any]):
             f"EngineRules(engine={self.engine!r}, model={self.model!r}, num_draft_tokens={self.num_draft_tokens}, "
             f"eos_token_id={self.eos_token_id}, pad_token_id={self.pad_token_id}, ops=({ops}\n))"
         )
-
-    # -- the read-only mapping of `to_json()`, for callers not yet moved to the fields --
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_json()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_json())
-
-    def __len__(self) -> int:
-        return len(self.to_json())
 
 
 def unwrap(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -162,11 +162,3 @@ def test_ops_read_as_the_session_applies_them() -> None:
     assert (repr(Abort(3)), repr(Step()), repr(Drain())) == ("Abort(3)", "Step()", "Drain()")
     with pytest.raises(TypeError, match="not dict"):
         EngineRules(FREE_LIST, 1, None, 0, ({"op": "step"},))  # type: ignore[arg-type]
-
-
-def test_the_dict_view_serves_callers_not_yet_moved() -> None:
-    """While callers move over, the rules read as the mapping of their JSON form."""
-    rules = EngineRules(FREE_LIST, 1, None, 0, (AddRequest(0, (1,), 2, "0"), Step()))
-    assert dict(rules) == rules.to_json() and rules["ops"] == rules.to_json()["ops"]
-    assert rules.get("model") == "transparent" and "ops" in rules
-    assert dict(rules, ops=[]) == {**rules.to_json(), "ops": []}
