@@ -90,7 +90,8 @@ def judged(verdict: CbVerdict, subject: dict[str, Any], item: Item) -> EntryVerd
     maps to), the evidence lines, and its reproducer when it failed."""
     entry = with_signature(report_entry(verdict, subject), verdict.first)
     name = f"{ENGINE}-{item.spec.replace(':', '-')}"
-    return EntryVerdict(ENGINE, entry, item.expect_failure, [f"  {verdict.render()}"], writer(verdict, name))
+    lines = [f"  {verdict.render()}"]
+    return EntryVerdict(ENGINE, entry, item.expect_failure, lines, writer(verdict, name), f"{item.spec} on llama")
 
 
 def searched(item: Item) -> EntryVerdict:
@@ -100,10 +101,12 @@ def searched(item: Item) -> EntryVerdict:
     seconds = time.perf_counter() - start
     entry = search_entry(found, item.seed, seconds, {d.name: d.reproducer for d in KNOWN_DEFECTS})
     failing = found.failing
+    label = f"{item.examples} drawn workloads on llama"
     if failing is None:
-        return EntryVerdict(ENGINE, entry, False)
+        return EntryVerdict(ENGINE, entry, False, label=label)
     entry = with_signature(entry, failing.first)
-    return EntryVerdict(ENGINE, entry, False, [f"  {failing.render()}"], writer(failing, f"{ENGINE}-hypothesis"))
+    lines = [f"  {failing.render()}"]
+    return EntryVerdict(ENGINE, entry, False, lines, writer(failing, f"{ENGINE}-hypothesis"), label)
 
 
 def with_signature(entry: dict[str, Any], first: Violation | None) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class EntryVerdict:
     expect_failure: bool = False
     lines: list[str] = field(default_factory=list)
     writer: Writer | None = None
+    label: str = ""  # the progress line's name for it (default: `subject_name` of the entry)
 
     @property
     def passed(self) -> bool:
@@ -89,7 +90,7 @@ class EntryVerdict:
     def status(self) -> str:
         first = self.entry.get("first") or {}
         status = "PASS" if self.passed else f"FAIL ({first.get('check')} {first.get('rule')})"
-        return f"{self.kind} {subject_name(self.entry)}: {status}"
+        return f"{self.kind} {self.label or subject_name(self.entry)}: {status}"
 
     def write_reproducers(self, directory: Path, summary: str) -> list[Path]:
         return [] if self.writer is None else self.writer(directory, summary)

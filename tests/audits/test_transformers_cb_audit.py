@@ -65,4 +65,5 @@ def test_a_planted_bug_is_caught_as_a_paged_engine_entry_whose_reproducer_replay
 def test_a_passing_run_writes_no_reproducer(tmp_path: Path) -> None:
     verdict = run_transformers_cb(Item("smoke:generate_batch", MODEL, False, 1, 0, kind="transformers-cb"))
     assert verdict.passed and verdict.as_expected and verdict.report_entry()["kind"] == PAGED
+    assert verdict.status() == "transformers-cb smoke:generate_batch on llama: PASS", verdict.status()
     assert verdict.write_reproducers(tmp_path, "summary") == [] and list(tmp_path.iterdir()) == []
