@@ -111,10 +111,48 @@ NAMES: dict[str, str] = {
     "specaudit.artifacts.audit.planted_engine_bugs": "specaudit.audits.engines.planted_engine_bugs",
     "specaudit.artifacts.audit.format_engine_table": "specaudit.audits.engines.format_engine_table",
     "specaudit.artifacts.audit.merge_statuses": "specaudit.audits.verdict.merge_statuses",
+    "specaudit.adapters.vllm_server.HOST": "specaudit.adapters.vllm_lifecycle.HOST",
+    "specaudit.adapters.vllm_server.SERVER_ARGS": "specaudit.adapters.vllm_lifecycle.SERVER_ARGS",
+    "specaudit.adapters.vllm_server.SERVER_ENV": "specaudit.adapters.vllm_lifecycle.SERVER_ENV",
+    "specaudit.adapters.vllm_server.LOG_TAIL_LINES": "specaudit.adapters.vllm_lifecycle.LOG_TAIL_LINES",
+    "specaudit.adapters.vllm_server.ServerError": "specaudit.adapters.vllm_lifecycle.ServerError",
+    "specaudit.adapters.vllm_server.free_port": "specaudit.adapters.vllm_lifecycle.free_port",
+    "specaudit.adapters.vllm_server.server_command": "specaudit.adapters.vllm_lifecycle.server_command",
+    "specaudit.adapters.vllm_server.log_tail": "specaudit.adapters.vllm_lifecycle.log_tail",
+    "specaudit.adapters.vllm_server.Server": "specaudit.adapters.vllm_lifecycle.Server",
+    "specaudit.adapters.vllm_server.group_members": "specaudit.adapters.vllm_lifecycle.group_members",
+    "specaudit.adapters.vllm_server.http_status": "specaudit.adapters.vllm_lifecycle.http_status",
+    "specaudit.adapters.vllm_server.stop_on_signals": "specaudit.adapters.vllm_lifecycle.stop_on_signals",
+    "specaudit.adapters.vllm_server.serving": "specaudit.adapters.vllm_lifecycle.serving",
+    "specaudit.adapters.vllm_server.check_python": "specaudit.adapters.vllm_lifecycle.check_python",
+    "specaudit.adapters.vllm_server.NOTHING_ACCEPTED": "specaudit.adapters.vllm_report.NOTHING_ACCEPTED",
+    "specaudit.adapters.vllm_server.IN_FLIGHT": "specaudit.adapters.vllm_report.IN_FLIGHT",
+    "specaudit.adapters.vllm_server.peak_in_flight": "specaudit.adapters.vllm_report.peak_in_flight",
+    "specaudit.adapters.vllm_server.from_report": "specaudit.adapters.vllm_report.from_report",
+    "specaudit.adapters.vllm_server.render_markdown": "specaudit.adapters.vllm_report.render_markdown",
+    "specaudit.adapters.vllm_server.write_reports": "specaudit.adapters.vllm_report.write_reports",
+    "specaudit.adapters.vllm_server.SPEC_METRICS": "specaudit.adapters.vllm_metrics.SPEC_METRICS",
+    "specaudit.adapters.vllm_server.SAMPLE": "specaudit.adapters.vllm_metrics.SAMPLE",
+    "specaudit.adapters.vllm_server.parse_metrics": "specaudit.adapters.vllm_metrics.parse_metrics",
+    "specaudit.adapters.vllm_server.SpecCounts": "specaudit.adapters.vllm_metrics.SpecCounts",
+    "specaudit.adapters.vllm_server.fetch_counts": "specaudit.adapters.vllm_metrics.fetch_counts",
+    "specaudit.adapters.vllm_server.TINY": "specaudit.adapters.vllm_models.TINY",
+    "specaudit.adapters.vllm_server.TINY_RANGE": "specaudit.adapters.vllm_models.TINY_RANGE",
+    "specaudit.adapters.vllm_server.TINY_LATER_SCALE": "specaudit.adapters.vllm_models.TINY_LATER_SCALE",
+    "specaudit.adapters.vllm_server.TINY_SPECIALS": "specaudit.adapters.vllm_models.TINY_SPECIALS",
+    "specaudit.adapters.vllm_server.tiny_tokenizer": "specaudit.adapters.vllm_models.tiny_tokenizer",
+    "specaudit.adapters.vllm_server.tiny_llama": "specaudit.adapters.vllm_models.tiny_llama",
+    "specaudit.adapters.vllm_server.model_directories": "specaudit.adapters.vllm_models.model_directories",
+    "specaudit.adapters.vllm_server.observe_in_process": "specaudit.adapters.vllm_whitebox.observe_in_process",
+    "specaudit.adapters.vllm_server.Outcome": "specaudit.adapters.vllm_report.ConfigurationOutcome",
+    "specaudit.adapters.vllm_server.PagedRun": "specaudit.adapters.vllm_whitebox.WhiteBoxResult",
+    "specaudit.adapters.vllm_server.default_workload": "specaudit.adapters.vllm_whitebox.default_payload",
+    "specaudit.adapters.vllm_server.write_paged_failure": "specaudit.adapters.vllm_whitebox.write_failure",
 }
 """Old dotted name -> where it lives now, for names that left a module (ceb6d45, 966f2dc; issue 26:
 the reproducer's code generation, pytest notes and replays, the decoder contract's watchdog and
-fingerprints, the audit's verdicts and plan) or whose module's path is now a package
+fingerprints, the audit's verdicts and plan, the vLLM server's lifecycle, metrics, models and
+report) or whose module's path is now a package
 (`specaudit.models`, 97aaf06); consulted before MODULES, so an old module's names follow them too."""
 
 Getattr = Callable[[str], Any]

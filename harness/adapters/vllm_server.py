@@ -19,6 +19,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from specaudit._moved import forward as _forward
 from specaudit.adapters.vllm_observer import NGRAM
 from specaudit.adapters.vllm_whitebox import SMALL_BLOCK, EngineOptions
 from specaudit.config.settings import VLLM_CONFIGURATIONS
@@ -96,3 +97,6 @@ def whitebox_arguments(options: EngineOptions, target: Path, draft: Path) -> lis
     if options.kv_blocks is not None:
         args += ["--kv-blocks", str(options.kv_blocks)]
     return args + (["--prefix-caching"] if options.prefix_caching else [])
+
+
+__getattr__ = _forward(__name__)  # the names that moved to vllm_lifecycle, _metrics, _models, _report
