@@ -122,9 +122,16 @@ class Coverage:
             return []
         if self.level == OUTPUTS:
             return [NOTHING_IN_FLIGHT] if self.in_flight < 2 else []
+        if self.drafts_none:  # nothing drafted, nothing to accept unevenly: rows in flight together are its ragged case
+            return ([] if self.rounds else [NO_ROUND]) + ([NOTHING_IN_FLIGHT] if self.in_flight < 2 else [])
         if not self.rounds:
             return [NO_ROUND, NO_RAGGED_ROUND]
         return [NO_RAGGED_ROUND] if not self.ragged_rounds else []
+
+    @property
+    def drafts_none(self) -> bool:
+        """An engine run without speculation (K 0 only: transformers' continuous batching)."""
+        return self.k_values == (0,)
 
     def to_json(self) -> dict[str, Any]:
         """Every figure of the level, then the flags (report.json's `coverage` object)."""
@@ -146,7 +153,12 @@ class Coverage:
             return "-"
         parts = []
         if self.level == CALLS:
-            parts += [f"ragged {self.ragged_rounds}/{self.rounds} rounds", f"B<={max(self.batch_sizes, default=0)}"]
+            rounds = (
+                f"{self.rounds} rounds, in flight<={self.in_flight}"
+                if self.drafts_none
+                else (f"ragged {self.ragged_rounds}/{self.rounds} rounds")
+            )
+            parts += [rounds, f"B<={max(self.batch_sizes, default=0)}"]
             parts += [f"K {span(self.k_values)}", f"pos<={self.highest_position}"]
             if self.finished_early:
                 parts.append(f"early {self.finished_early}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,17 @@ def test_a_ragged_pass_is_not_flagged() -> None:
     verdict.record(run(two_rows()), {"I2": "pass"}, [])
     row = format_table([verdict]).splitlines()[2]
     assert " PASS " in row and "(no ragged" not in row and "ragged 2/4 rounds" in row, row
+
+
+def test_an_engine_without_speculation_is_not_flagged_for_no_ragged_round() -> None:
+    """K 0 (transformers' continuous batching): nothing is drafted, so no round can be ragged;
+    its hard path is requests in flight together, which the flag and the summary name instead."""
+    alone = Coverage(runs=1, requests=2, batch_sizes=(1,), k_values=(0,), target_calls=6, rounds=5, in_flight=1)
+    assert alone.flags == [NOTHING_IN_FLIGHT] and "ragged" not in alone.summary(), alone.summary()
+    together = replace(alone, batch_sizes=(1, 2), in_flight=2)
+    assert together.flags == [] and together.summary().startswith("5 rounds, in flight<=2"), together.summary()
+    speculative = replace(together, k_values=(3,))
+    assert speculative.flags == [NO_RAGGED_ROUND]
 
 
 def test_a_case_with_no_round_is_flagged_as_such() -> None:
