@@ -23,8 +23,9 @@ Hooks on vLLM's own target model (reached through the in-process engine core, so
   checked against greedy acceptance;
 - the scheduler's output of every step names the requests it preempted: a preempted request
   gives its blocks back and is recomputed from position 0 when resumed, so the trace shows each
-  stretch between preemptions as a request of its own (`incarnations`): `a` until its
-  preemption, then `a~1`, whose prompt is everything `a` had committed, and so on.
+  stretch between preemptions as a request of its own (`running.paged.incarnations`, shared with
+  transformers' continuous batching): `a` until its preemption, then `a~1`, whose prompt is
+  everything `a` had committed, and so on.
 
 vLLM is imported lazily: this module imports without it.
 """
@@ -32,15 +33,17 @@ vLLM is imported lazily: this module imports without it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from specaudit.running.paged import PagedCall, PagedTrace
+from specaudit.running.paged import RESUMED as RESUMED  # re-exported: older callers import them from here
+from specaudit.running.paged import PagedCall, PagedTrace, incarnations
+from specaudit.running.paged import named as named
+from specaudit.running.paged import split_commits as split_commits
 
 IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
-RESUMED = "~"  # `a~1`: request `a` after its first preemption (recomputed from position 0)
 
 
 @dataclass
@@ -80,53 +83,6 @@ def in_process_core(llm: Any) -> Any:
 def in_process_runner(llm: Any) -> Any:
     """The model runner of an `LLM` whose engine core runs in this process."""
     return in_process_core(llm).model_executor.driver_worker.worker.model_runner
-
-
-def incarnations(trace: PagedTrace, preempted: dict[str, Sequence[int]]) -> PagedTrace:
-    """The trace with each preempted request split where vLLM preempted it: `a` leaves after the
-    step before its preemption (its blocks are given back), and `a~k` arrives then, with a
-    prompt of everything `a` had committed and the tokens committed after it as its outputs.
-    Preemption and recomputation are the engine's right; followed this way, every paged rule
-    holds across them (the checks need not know)."""
-    starts = {r: sorted(set(steps)) for r, steps in preempted.items() if steps and r in trace.prompts}
-    if not starts:
-        return trace
-    prompts, arrivals, left = {}, dict(trace.arrivals), dict(trace.left)
-    bases: dict[str, list[tuple[str, int, int]]] = {}  # request -> (name, first step, outputs before it)
-    for r, prompt in trace.prompts.items():
-        prompts[r] = prompt
-        bases[r] = [(r, 1, 0)]
-        for k, step in enumerate(starts.get(r, ()), start=1):
-            before = trace.commits[step - 2].get(r, ()) if step >= 2 else ()
-            name = f"{r}{RESUMED}{k}"
-            left[bases[r][-1][0]] = step - 1
-            prompts[name], arrivals[name] = prompt + before, step - 1
-            bases[r].append((name, step, len(before)))
-        if len(bases[r]) > 1 and r in trace.left:
-            left[bases[r][-1][0]] = trace.left[r]
-    aborted = frozenset(bases[r][-1][0] if r in bases else r for r in trace.aborted)
-    commits = tuple(split_commits(after, u, bases) for u, after in enumerate(trace.commits, start=1))
-    calls = tuple(replace(c, request_ids=tuple(named(r, c.step, bases) for r in c.request_ids)) for c in trace.calls)
-    return replace(trace, calls=calls, prompts=prompts, arrivals=arrivals, left=left, aborted=aborted, commits=commits)
-
-
-def named(request: str, step: int, bases: dict[str, list[tuple[str, int, int]]]) -> str:
-    """The incarnation of `request` that runs in `step`."""
-    return [name for name, first, _ in bases.get(request, [(request, 1, 0)]) if first <= step][-1]
-
-
-def split_commits(
-    after: dict[str, tuple[int, ...]], step: int, bases: dict[str, list[tuple[str, int, int]]]
-) -> dict[str, tuple[int, ...]]:
-    """What each incarnation had committed after `step`: its share of the request's outputs."""
-    out: dict[str, tuple[int, ...]] = {}
-    for r, tokens in after.items():
-        parts = bases.get(r, [(r, 1, 0)])
-        for k, (name, first, base) in enumerate(parts):
-            if first - 1 <= step:
-                end = parts[k + 1][2] if k + 1 < len(parts) else len(tokens)
-                out[name] = tokens[base:end]
-    return out
 
 
 def attention_layers(model: torch.nn.Module) -> list[Any]:

@@ -8,18 +8,29 @@ table; per step what each request has committed. Each engine's observer
 (`adapters.vllm_observer`, `adapters.transformers_cb`) records exactly that as `PagedCall`s and
 one `PagedTrace`; neither imports the other, and the checks import neither. A driver that also
 records each request's outputs hands the checks a `PagedRun`.
+
+Both engines preempt alike: a preempted request gives its blocks back and is recomputed from
+position 0 with everything it committed as its prompt. Each observer records the run by the
+caller's request ids and the steps at which each request was preempted; `incarnations` (one
+function for both) splits a preempted request `a` into `a`, `a~1`, `a~2`, ..., so recomputation
+is normal for the paged rules, and `PagedTrace.request_of` / `incarnations_of` map back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from specaudit.contracts.violation import Violation
 from specaudit.reference.oracle import OracleResult
 from specaudit.running.record import Record
+
+RESUMED = "~"  # `a~1`: request `a` after its first preemption (recomputed from position 0)
+LEGACY_RESUMED = "#"  # how transformers-cb traces named incarnations before (`a#1`); still read
+_INCARNATION = re.compile(r"^(?P<request>.+)[~#](?P<number>[0-9]+)$")
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,84 @@ class PagedTrace:
     def live(self, request: str, step: int) -> bool:
         """Whether the request may run in `step`: added before it, not finished or aborted before it."""
         return self.arrivals.get(request, 1 << 30) < step and self.left.get(request, 1 << 30) >= step
+
+    def request_of(self, trace_id: str) -> str:
+        """The caller's request a trace id incarnates (`a~2` -> `a`; `a#2`, the older naming, too).
+        An id whose base is not in the trace is a request of its own (a caller may name one `x~1`)."""
+        match = _INCARNATION.match(trace_id)
+        return match["request"] if match and match["request"] in self.prompts else trace_id
+
+    def resumed(self, trace_id: str) -> bool:
+        """Whether the trace id is a request resumed after a preemption (not its first incarnation)."""
+        return self.request_of(trace_id) != trace_id
+
+    def incarnations_of(self, request: str) -> list[str]:
+        """The request's trace ids in the order they ran: itself, then each resumption."""
+        return [t for t in self.prompts if self.request_of(t) == request]
+
+    def preemptions(self) -> int:
+        """How many times requests were preempted and resumed (every incarnation after a first)."""
+        return sum(1 for t in self.prompts if self.resumed(t))
+
+
+Bases = dict[str, list[tuple[str, int, int]]]  # request -> (incarnation, first step, outputs before it)
+
+
+def incarnations(trace: PagedTrace, preempted: dict[str, Sequence[int]]) -> PagedTrace:
+    """The trace with each preempted request split where the engine preempted it: `a` leaves after
+    the step before its preemption (its blocks are given back), and `a~k` arrives then, with a
+    prompt of everything `a` had committed and the tokens committed after it as its outputs.
+    `trace` is by the caller's ids (commits: each request's whole output); `preempted` maps a
+    request to the steps whose scheduling preempted it. Preemption and recomputation are the
+    engine's right; followed this way every paged rule holds across them (the checks need not know)."""
+    starts = {r: sorted(set(steps)) for r, steps in preempted.items() if steps and r in trace.prompts}
+    if not starts:
+        return trace
+    prompts, arrivals, left, bases = split_requests(trace, starts)
+    aborted = frozenset(bases[r][-1][0] if r in bases else r for r in trace.aborted)
+    commits = tuple(split_commits(after, u, bases) for u, after in enumerate(trace.commits, start=1))
+    calls = tuple(replace(c, request_ids=tuple(named(r, c.step, bases) for r in c.request_ids)) for c in trace.calls)
+    return replace(trace, calls=calls, prompts=prompts, arrivals=arrivals, left=left, aborted=aborted, commits=commits)
+
+
+def split_requests(
+    trace: PagedTrace, starts: dict[str, list[int]]
+) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, int], Bases]:
+    """Each incarnation's prompt, arrival and departure, and where each request's split. The
+    prompts keep arrival order (a request's index there is the one violations carry): the
+    trace's requests, then the resumed ones by the step they arrived."""
+    resumed, arrivals, left = {}, dict(trace.arrivals), dict(trace.left)
+    bases: Bases = {}
+    for r, prompt in trace.prompts.items():
+        bases[r] = [(r, 1, 0)]
+        for k, step in enumerate(starts.get(r, ()), start=1):
+            before = trace.commits[step - 2].get(r, ()) if step >= 2 else ()
+            name = f"{r}{RESUMED}{k}"
+            left[bases[r][-1][0]] = step - 1
+            resumed[name], arrivals[name] = prompt + before, step - 1
+            bases[r].append((name, step, len(before)))
+        last = bases[r][-1][0]
+        if len(bases[r]) > 1 and r in trace.left:  # never before its own arrival (aborted, then requeued)
+            left[last] = max(trace.left[r], arrivals[last])
+    prompts = dict(trace.prompts) | dict(sorted(resumed.items(), key=lambda item: arrivals[item[0]]))
+    return prompts, arrivals, left, bases
+
+
+def named(request: str, step: int, bases: Bases) -> str:
+    """The incarnation of `request` that runs in `step`."""
+    return [name for name, first, _ in bases.get(request, [(request, 1, 0)]) if first <= step][-1]
+
+
+def split_commits(after: dict[str, tuple[int, ...]], step: int, bases: Bases) -> dict[str, tuple[int, ...]]:
+    """What each incarnation had committed after `step`: its share of the request's outputs."""
+    out: dict[str, tuple[int, ...]] = {}
+    for r, tokens in after.items():
+        parts = bases.get(r, [(r, 1, 0)])
+        for k, (name, first, base) in enumerate(parts):
+            if first - 1 <= step:
+                end = parts[k + 1][2] if k + 1 < len(parts) else len(tokens)
+                out[name] = tokens[base:end]
+    return out
 
 
 Reference = Callable[[tuple[int, ...]], torch.Tensor]  # tokens -> [n, L', 2, kv_heads, head_dim]

@@ -19,6 +19,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -263,3 +264,62 @@ def test_a_block_of_other_content_or_still_held_is_flagged() -> None:
     held = call(2, ("a", "b"), [[9], [9]], [4, 4], [[0, 1, 2], [2, 3, 4]], [[4], [8]])
     rules = [v.rule for v in check_paged(replace(trace, calls=(*trace.calls[:2], held)))]
     assert "block-shared" in rules
+
+
+# ---------------------------------------------------------------------------------------
+# Preemption followed as vLLM's observer follows it (the shared `running.paged.incarnations`)
+
+
+class _Target(torch.nn.Module):
+    """Enough of a model for the observer's hooks; no forward runs here."""
+
+    config = SimpleNamespace(num_hidden_layers=2)
+
+    def get_decoder(self) -> torch.nn.Module:
+        return self
+
+
+def test_a_preempted_request_is_named_and_split_as_vllm_does() -> None:
+    """transformers requeues a preempted request as a new `RequestState` (its output appended to
+    its prompt); the observer records that as vLLM's does (whole outputs by request, the step
+    preempted) and splits it with the same function: the same `a`, `a~1`, prompts, arrivals,
+    departures and commits as vLLM's path gives for the same raw evidence."""
+    RequestState = pytest.importorskip("transformers.generation.continuous_batching.requests").RequestState
+    from specaudit.adapters.transformers_cb.observer import CbObserver
+    from specaudit.adapters.vllm_observer import incarnations
+
+    observer = CbObserver(_Target(), read_kv=False)
+    a, b = RequestState("a", [1, 2], max_new_tokens=8), RequestState("b", [3], max_new_tokens=8)
+    scheduler = SimpleNamespace(active_requests={"a": a, "b": b}, waiting_requests={})
+
+    def step(batch: list[RequestState], new: dict[str, int]) -> None:
+        observer._settle(scheduler)
+        ids = tuple(observer._bind(state) for state in batch)
+        observer.calls.append(call(len(observer.calls), ids, [[0]] * len(ids), [0] * len(ids), [[0]] * len(ids),
+                                   [[0]] * len(ids)))  # fmt: skip
+        for state in batch:
+            state.generated_tokens.append(new[state.request_id])
+
+    step([a, b], {"a": 11, "b": 21})
+    step([a, b], {"a": 12, "b": 22})
+    resumed = a.create_equivalent_initial_request()  # what transformers' scheduler does on preemption
+    scheduler.active_requests, scheduler.waiting_requests = {"b": b}, {"a": resumed}
+    step([b], {"b": 23})
+    step([resumed, b], {"a": 13, "b": 24})
+    followed = observer.finish()
+
+    calls = tuple(call(i, ids, [[0]] * len(ids), [0] * len(ids), [[0]] * len(ids), [[0]] * len(ids))
+                  for i, ids in enumerate([("a", "b"), ("a", "b"), ("b",), ("a", "b")]))  # fmt: skip
+    commits = ({"a": (11,), "b": (21,)}, {"a": (11, 12), "b": (21, 22)}, {"a": (11, 12), "b": (21, 22, 23)},
+               {"a": (11, 12, 13), "b": (21, 22, 23, 24)})  # fmt: skip
+    raw = PagedTrace(calls, {"a": (1, 2), "b": (3,)}, {"a": 0, "b": 0}, {"a": 4, "b": 4}, frozenset(), commits)
+    assert observer.preempted == {"a": [3]} and observer.raw_trace().commits == raw.commits
+    vllm = incarnations(raw, {"a": [3]})
+
+    def shape(t: PagedTrace) -> tuple:
+        return [c.request_ids for c in t.calls], list(t.prompts.items()), t.arrivals, t.left, t.aborted, t.commits
+
+    assert shape(followed) == shape(vllm)
+    assert followed.prompts["a~1"] == (1, 2, 11, 12) and followed.incarnations_of("a") == ["a", "a~1"]
+    assert followed.request_of("a~1") == "a" and followed.resumed("a~1") and preemptions(followed) == 1
+    assert observer.outputs()["a"] == (11, 12, 13), "transformers' own reading of the whole output"

@@ -234,8 +234,12 @@ def test_a_preempted_request_is_followed_not_flagged() -> None:
     """A preempted request gives its blocks back and is recomputed from position 0: read by the
     caller's ids that looks like a block shared with a live request and positions behind the
     committed length; followed as incarnations (`a` leaves, `a~1` arrives with everything `a`
-    committed as its prompt), every rule holds, K/V against batch size 1 included."""
-    from specaudit.adapters.vllm_observer import incarnations
+    committed as its prompt), every rule holds, K/V against batch size 1 included. The split is
+    `running.paged.incarnations`, which the observer re-exports for older callers."""
+    from specaudit.adapters import vllm_observer
+    from specaudit.running.paged import incarnations
+
+    assert vllm_observer.incarnations is incarnations and vllm_observer.RESUMED == "~"
 
     raw, preempted = preempted_trace()
     assert {"block-shared", "query-positions"} <= {v.rule for v in check_paged(raw)}, "the false alarm is gone?"
@@ -250,7 +254,7 @@ def test_a_preempted_request_is_followed_not_flagged() -> None:
 def test_a_real_fault_across_a_preemption_is_still_caught() -> None:
     """Following preemption hides nothing: the resumed request's recompute written one slot off
     breaks slot-mapping, a committed token off greedy breaks greedy-commit."""
-    from specaudit.adapters.vllm_observer import incarnations
+    from specaudit.running.paged import incarnations
 
     raw, preempted = preempted_trace()
     resumed = next(i for i, c in enumerate(raw.calls) if c.step == 5)

@@ -13,7 +13,7 @@ from specaudit.running.paged import PagedTrace
 
 def preemptions(trace: PagedTrace) -> int:
     """Requests transformers preempted and recomputed (each later incarnation)."""
-    return sum(1 for t in trace.prompts if "#" in t)
+    return trace.preemptions()
 
 
 def coverage(verdict: CbVerdict) -> Coverage:
@@ -36,6 +36,6 @@ def coverage(verdict: CbVerdict) -> Coverage:
         eos_stops=sum(1 for a in run.answers.values() if a and eos is not None and a[-1] == eos),
         arrivals=sum(1 for r in requests if r.arrival > 0),
         in_flight=max((len(c.request_ids) for c in trace.calls), default=0),
-        aborts=len({t.partition("#")[0] for t in trace.aborted}),
+        aborts=len({trace.request_of(t) for t in trace.aborted}),
         duplicate_prompts=len(requests) - len({r.prompt for r in requests}),
     )

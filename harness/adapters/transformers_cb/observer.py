@@ -13,23 +13,26 @@ Nothing of transformers is patched. On the target alone:
   each token left in the cache (`written_kv`).
 
 Per step each request's committed tokens are read from its `RequestState`. A preempted request
-(the cache ran out: transformers frees its blocks and requeues it with its output appended to its
-prompt, the same request id) is followed as transformers defines it: the request leaves, and a
-new incarnation (`<id>#1`) arrives whose prompt is everything committed so far, so its
-recomputation from position 0 and its fresh blocks are normal, not flagged. The result is the
-same evidence vLLM's observer records (`running.paged.PagedCall`, `PagedTrace`).
+(the cache ran out: transformers frees its blocks and requeues it as a new `RequestState`, same
+request id, whose prompt is its old prompt and output, `soft_reset`) is recomputed from position
+0, exactly vLLM's preemption. So the observer records what it sees, as vLLM's does: the trace by
+the engine's request ids (commits: each request's whole output, its requeued prompt's tail
+included) and the steps at which each request was requeued (`preempted`); `trace()` splits each
+preempted request with the shared `running.paged.incarnations` (`<id>`, `<id>~1`, ...), so its
+recomputation and its fresh blocks are normal, not flagged. The result is the same evidence
+vLLM's observer records (`running.paged.PagedCall`, `PagedTrace`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from specaudit.adapters.transformers_cb.layout import Layout, packed
-from specaudit.running.paged import PagedCall, PagedTrace
+from specaudit.running.paged import PagedCall, PagedTrace, incarnations
 
 
 @dataclass
@@ -57,9 +60,8 @@ class CbObserver:
         self.left: dict[str, int] = {}
         self.aborted: set[str] = set()
         self.commits: list[dict[str, tuple[int, ...]]] = []
-        self.states: dict[str, Any] = {}  # trace id -> its RequestState
-        self.current: dict[str, str] = {}  # engine request id -> its current trace id (incarnation)
-        self.origin: dict[str, str] = {}  # trace id -> the engine request id it incarnates
+        self.states: dict[str, Any] = {}  # request -> its current RequestState
+        self.preempted: dict[str, list[int]] = {}  # request -> the steps it was requeued for
         self.cancelled: dict[str, int] = {}  # engine request id -> the step after which the driver cancelled it
         self.error: BaseException | None = None
         self.pending: dict[str, Any] = {}  # the forward about to run, as PagedCall fields (`layout.packed`)
@@ -78,30 +80,21 @@ class CbObserver:
 
     def rename(self, names: dict[str, str]) -> None:
         """The trace's request ids as the workload's (`generate_batch` and `generate` name them
-        req_0, req_1, ...); an incarnation `req_i#n` becomes `<id>#n`."""
+        req_0, req_1, ...)."""
 
-        def rename(tid: str) -> str:
-            base, _, rest = tid.partition("#")
-            return names.get(base, base) + (f"#{rest}" if rest else "")
+        def keyed(mapping: dict[str, Any]) -> dict[str, Any]:
+            return {names.get(k, k): v for k, v in mapping.items()}
 
-        self.prompts = {rename(k): v for k, v in self.prompts.items()}
-        self.arrivals = {rename(k): v for k, v in self.arrivals.items()}
-        self.left = {rename(k): v for k, v in self.left.items()}
-        self.aborted = {rename(k) for k in self.aborted}
-        self.states = {rename(k): v for k, v in self.states.items()}
-        self.origin = {rename(k): names.get(v, v) for k, v in self.origin.items()}
-        self.current = {names.get(k, k): rename(v) for k, v in self.current.items()}
-        self.commits = [{rename(k): v for k, v in c.items()} for c in self.commits]
-        self.calls = [
-            PagedCall(**{**c.__dict__, "request_ids": tuple(rename(r) for r in c.request_ids)}) for c in self.calls
-        ]
+        self.prompts, self.arrivals, self.left = keyed(self.prompts), keyed(self.arrivals), keyed(self.left)
+        self.states, self.preempted = keyed(self.states), keyed(self.preempted)
+        self.aborted = {names.get(k, k) for k in self.aborted}
+        self.commits = [keyed(c) for c in self.commits]
+        self.calls = [replace(c, request_ids=tuple(names.get(r, r) for r in c.request_ids)) for c in self.calls]
 
     def submitted(self, request_id: str, prompt: Sequence[int]) -> None:
         """A request handed to the engine now (it can run from the next step on)."""
         self.prompts.setdefault(request_id, tuple(int(t) for t in prompt))
         self.arrivals.setdefault(request_id, len(self.calls))
-        self.current.setdefault(request_id, request_id)
-        self.origin.setdefault(request_id, request_id)
 
     def finish(self) -> PagedTrace:
         """The run is over: the last step's commits, and every request still in flight left after it."""
@@ -114,6 +107,11 @@ class CbObserver:
         return self.trace()
 
     def trace(self) -> PagedTrace:
+        """The run as the paged checks read it: preempted requests split into incarnations."""
+        return incarnations(self.raw_trace(), self.preempted)
+
+    def raw_trace(self) -> PagedTrace:
+        """The run by the engine's request ids, preemptions not followed."""
         return PagedTrace(
             tuple(self.calls),
             dict(self.prompts),
@@ -126,73 +124,64 @@ class CbObserver:
         )
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
-        """Each engine request's whole output so far (its incarnations joined), as transformers reports it."""
-        out: dict[str, tuple[int, ...]] = {}
-        for engine_id, trace_id in self.current.items():
-            state = self.states.get(trace_id)
-            out[engine_id] = tuple(state.to_generation_output().generated_tokens) if state is not None else ()
-        return out
+        """Each engine request's whole output so far (across its preemptions), as transformers reports it."""
+        return {r: tuple(state.to_generation_output().generated_tokens) for r, state in self.states.items()}
 
-    # -- per step: commits, departures, incarnations --------------------------------------
+    # -- per step: commits, departures, preemptions -----------------------------------------
 
-    def _finished(self, trace_id: str) -> bool:
+    def _finished(self, request: str) -> bool:
         from transformers.generation.continuous_batching import RequestStatus
 
-        state = self.states.get(trace_id)
+        state = self.states.get(request)
         return state is not None and state.status == RequestStatus.FINISHED
 
+    def _output(self, request: str) -> tuple[int, ...]:
+        """The request's whole output: a requeued state's prompt holds what it committed before."""
+        state = self.states[request]
+        carried = tuple(int(t) for t in state.initial_tokens[len(self.prompts[request]) :])
+        return carried + tuple(int(t) for t in state.generated_tokens)
+
     def _snapshot(self) -> dict[str, tuple[int, ...]]:
-        return {tid: tuple(int(t) for t in state.generated_tokens) for tid, state in self.states.items()}
+        return {request: self._output(request) for request in self.states}
 
     def _settle(self, scheduler: Any) -> None:
         """Before the forward of step s: what step s - 1 committed, who left after it (finished,
-        cancelled, or preempted and requeued as a new incarnation)."""
+        cancelled), who was preempted and requeued for step s."""
         done = len(self.calls)
-        for trace_id, state in list(self.states.items()):
-            if trace_id in self.left:
+        for request, state in list(self.states.items()):
+            if request in self.left:
                 continue
-            engine_id = state.request_id
-            now = scheduler.active_requests.get(engine_id) or scheduler.waiting_requests.get(engine_id)
+            now = scheduler.active_requests.get(request) or scheduler.waiting_requests.get(request)
             if now is not None and now is not state:  # preempted: requeued as a new request state
-                self.left[trace_id] = done
-                self._incarnate(engine_id, now, done)
-            elif now is None or self._finished(trace_id):
-                self._leave(trace_id, done)
+                self._requeued(request, now, done + 1)
+            elif now is None or self._finished(request):
+                self._leave(request, done)
         if done:
             self.commits.append(self._snapshot())
 
-    def _leave(self, trace_id: str, step: int) -> None:
+    def _leave(self, request: str, step: int) -> None:
         """Finished, or cancelled: after the step the caller cancelled it in, whatever the engine did since."""
-        cancel = self.cancelled.get(self.origin.get(trace_id, trace_id))
-        if cancel is not None and not (self._finished(trace_id) and step <= cancel):
-            self.aborted.add(trace_id)
-            step = min(step, max(cancel, self.arrivals.get(trace_id, 0)))
-        self.left[trace_id] = step
+        cancel = self.cancelled.get(request)
+        if cancel is not None and not (self._finished(request) and step <= cancel):
+            self.aborted.add(request)
+            step = min(step, max(cancel, self.arrivals.get(request, 0)))
+        self.left[request] = step
 
-    def _incarnate(self, engine_id: str, state: Any, step: int) -> str:
-        """A preempted request requeued with its output as prompt: a new arrival after `step`."""
-        number = sum(1 for t in self.origin.values() if t == engine_id)
-        trace_id = f"{engine_id}#{number}"
-        self.prompts[trace_id] = tuple(int(t) for t in state.initial_tokens)
-        self.arrivals[trace_id] = step
-        self.origin[trace_id] = engine_id
-        self.current[engine_id] = trace_id
-        self.states[trace_id] = state
-        return trace_id
+    def _requeued(self, request: str, state: Any, step: int) -> None:
+        """A preempted request requeued with its output as prompt, for `step` (the one whose
+        scheduling preempted it, in vLLM's terms)."""
+        self.preempted.setdefault(request, []).append(step)
+        self.states[request] = state
 
     def _bind(self, state: Any) -> str:
-        """The trace id of a request in the batch (its first appearance registers it)."""
-        engine_id = state.request_id
-        trace_id = self.current.get(engine_id)
-        if trace_id is None:
-            self.submitted(engine_id, state.initial_tokens)
-            trace_id = engine_id
-        if trace_id not in self.states:
-            self.states[trace_id] = state
-        elif self.states[trace_id] is not state:  # requeued between two of our looks
-            self.left.setdefault(trace_id, len(self.calls))
-            trace_id = self._incarnate(engine_id, state, len(self.calls))
-        return trace_id
+        """The request id of a row in the batch (its first appearance registers it)."""
+        request = state.request_id
+        if request not in self.prompts:
+            self.submitted(request, state.initial_tokens)
+        known = self.states.setdefault(request, state)
+        if known is not state:  # requeued between two of our looks
+            self._requeued(request, state, len(self.calls) + 1)
+        return request
 
     # -- the hooks -----------------------------------------------------------------------
 
