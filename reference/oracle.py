@@ -10,7 +10,9 @@ a row that matches the oracle costs no second batch-size-1 run.
 
 `answer_oracle` is the same oracle made as fast as the engine it judges: given the engine's
 answer, one teacher-forced forward proves every token whose argmax it reproduces by a clear
-margin, and only past the first doubt does it decode step by step.
+margin, and only past the first doubt does it decode step by step. With `cut` it stops at the
+first divergence from the answer (greedy's own token there included): all a verdict needs, so a
+wrong answer costs no more than a right one.
 """
 
 from __future__ import annotations
@@ -25,16 +27,24 @@ from transformers import DynamicCache
 from specaudit.models.compat import cache_layers, call_model, last_logits
 
 StopReason = Literal["eos", "length"]
+OracleStop = Literal["eos", "length", "cut"]
+"""How an oracle's tokens end: EOS, the token limit, or cut at the first divergence from an answer."""
 
 
 @dataclass(frozen=True)
 class OracleResult:
     tokens: tuple[int, ...]
-    stop: StopReason
+    stop: OracleStop
     margins: tuple[float, ...]
     """Top-1 minus top-2 logit at each generated step: how close each argmax was to a tie."""
     kv: torch.Tensor | None = field(default=None, compare=False, repr=False, hash=False)
     """With `keep_kv`: the K/V of prompt + tokens, [n, F] (`kv_rows`), on the CPU, in the model's dtype."""
+
+    @property
+    def complete(self) -> bool:
+        """False when cut at the first divergence from an answer (`answer_oracle(cut=True)`): the
+        tokens are the proven prefix plus greedy's own token there, not the whole continuation."""
+        return self.stop != "cut"
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -133,13 +143,18 @@ def answer_oracle(
     *,
     max_new_tokens: int,
     eos_token_id: int | None,
+    cut: bool = False,
 ) -> OracleResult:
     """`greedy_oracle`'s result, found by checking `answer` rather than decoding blind.
 
     The answer's prefix is proven teacher-forced; at the first doubt (a near-tie or a
     disagreement) one greedy step decides; while it agrees with the answer proof resumes after
     it, and once it leaves the answer the rest is decoded step by step. A right answer costs
-    one forward instead of one per token."""
+    one forward instead of one per token.
+
+    `cut`: stop where greedy leaves the answer (or the answer ends), keeping greedy's token and
+    margin there (a tie can still be judged and re-synced), with stop "cut" unless greedy itself
+    stopped there. The verdict needs only that first divergence, not the continuation past it."""
     margin = PROOF_MARGIN.get(next(target.parameters()).dtype, PROOF_MARGIN[torch.float32])
     tokens: list[int] = []
     margins: list[float] = []
@@ -161,22 +176,30 @@ def answer_oracle(
             agrees = decode(1).tokens[0] == answer[len(tokens) - 1]
             if agrees or stop_reason(tokens, max_new_tokens, eos_token_id) is not None:
                 continue
-        decode(max_new_tokens - len(tokens))  # past or off the answer: the rest blind
+        elif cut:  # past the answer: greedy's next token is the divergence
+            decode(1)
+        if not cut:
+            decode(max_new_tokens - len(tokens))  # past or off the answer: the rest blind
         break
     stop = stop_reason(tokens, max_new_tokens, eos_token_id)
-    assert stop is not None, "the oracle stops at EOS or the token limit"
-    return OracleResult(tuple(tokens), stop, tuple(margins))
+    assert cut or stop is not None, "the oracle stops at EOS or the token limit"
+    return OracleResult(tuple(tokens), stop or "cut", tuple(margins))
 
 
 def answer_oracles(
-    target: torch.nn.Module, wanted: Sequence[tuple[tuple[int, ...], tuple[int, ...], int]], eos_token_id: int | None
+    target: torch.nn.Module,
+    wanted: Sequence[tuple[tuple[int, ...], tuple[int, ...], int]],
+    eos_token_id: int | None,
+    *,
+    cut: bool = False,
 ) -> list[OracleResult]:
-    """`answer_oracle` for each (prompt, answer, max_new_tokens), each distinct one found once."""
+    """`answer_oracle` for each (prompt, answer, max_new_tokens), each distinct one found once
+    (`cut`: each stops at its first divergence from the answer)."""
     memo: dict[tuple[tuple[int, ...], tuple[int, ...], int], OracleResult] = {}
     for key in wanted:
         if key not in memo:
             prompt, answer, limit = key
-            memo[key] = answer_oracle(target, prompt, answer, max_new_tokens=limit, eos_token_id=eos_token_id)
+            memo[key] = answer_oracle(target, prompt, answer, max_new_tokens=limit, eos_token_id=eos_token_id, cut=cut)
     return [memo[key] for key in wanted]
 
 

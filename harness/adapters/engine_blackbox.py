@@ -302,6 +302,7 @@ class EngineAuditResult:
                     "status": o.status,
                     "tokens": None if o.tokens is None else list(o.tokens),
                     "expected": None if o.row is None else list(o.row.expected),
+                    "expected_complete": None if o.row is None else o.row.complete,  # False: cut at the divergence
                     "first_divergence": o.first_divergence,
                     "partial": o.partial,
                     "note": o.note,
@@ -364,7 +365,7 @@ def oracles(
     one teacher-forced forward for a right one), and the time taken."""
     start = time.perf_counter()
     wanted = [(r.prompt, answers[r.id].tokens or (), r.max_new_tokens) for r in requests]
-    found = answer_oracles(target, wanted, eos_token_id)
+    found = answer_oracles(target, wanted, eos_token_id, cut=True)
     return {r.id: result for r, result in zip(requests, found)}, time.perf_counter() - start
 
 

@@ -182,7 +182,7 @@ def output_record(observed: Observed, workload: Workload, target: torch.nn.Modul
         (r.prompt, observed.outputs.get(rid, ()), r.max_tokens) for rid, r in zip(workload.ids, workload.requests)
     ]
     with torch.no_grad():
-        oracles = answer_oracles(target, wanted, workload.eos)
+        oracles = answer_oracles(target, wanted, workload.eos, cut=True)
     record = Record("vllm", "paged", "steps", workload.eos)
     for i, (rid, r) in enumerate(zip(workload.ids, workload.requests)):
         tokens = list(observed.outputs.get(rid, ()))

@@ -45,6 +45,7 @@ class RowEquivalence:
     ties: tuple[int, ...] = ()  # indices where the decoder took the other side of a tie
     resynced: tuple[int, ...] | None = None  # the oracle re-synced across those ties (None: no ties)
     judged: tuple[Witness, ...] = ()  # every divergence judged, ties and the one that is not
+    complete: bool = True  # False: the oracle was cut at the first divergence (`answer_oracle(cut=True)`)
 
     @property
     def reference(self) -> tuple[int, ...]:
@@ -75,8 +76,11 @@ class RowEquivalence:
 
     @property
     def partial(self) -> float:
-        """Common prefix over oracle length (the paper's partial match)."""
-        return common_prefix(self.found, self.expected) / max(len(self.expected), 1)
+        """Common prefix over oracle length (the paper's partial match). A cut oracle's length past
+        its divergence is unknown: the longer of it and the output stands in for it, so the figure
+        never rises above 1 nor credits the cut for a short output."""
+        whole = len(self.expected) if self.complete else max(len(self.expected), len(self.found))
+        return common_prefix(self.found, self.expected) / max(whole, 1)
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,9 @@ def compare_request(
     stop = stop_reason(found, entry.max_new_tokens, eos)
     diverged = None if found == reference else i
     resynced = reference if ties else None
-    return RowEquivalence(entry.request, oracle.tokens, found, oracle.stop, stop, diverged, ties, resynced, judged)
+    return RowEquivalence(
+        entry.request, oracle.tokens, found, oracle.stop, stop, diverged, ties, resynced, judged, oracle.complete
+    )
 
 
 def compare_row(run: Run, r: int) -> RowEquivalence:

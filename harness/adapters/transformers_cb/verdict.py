@@ -73,10 +73,10 @@ def output_record(run: CbRun, target: torch.nn.Module) -> Record:
     eos = w.eos_token_id
     wanted = [(r.prompt, run.answers.get(r.id) or (), r.max_new_tokens) for r in w.requests]
     with torch.no_grad():
-        oracles = answer_oracles(target, wanted, eos)
+        oracles = answer_oracles(target, wanted, eos, cut=True)
     record = Record(f"{ENGINE}:{w.entry}", "engine", "steps", eos)
     for i, (r, oracle) in enumerate(zip(w.requests, oracles)):
-        incarnations = [t for t in trace.prompts if t.partition("#")[0] == r.id]
+        incarnations = trace.incarnations_of(r.id)
         retired = max((trace.left.get(t, 0) for t in incarnations), default=None)
         aborted = any(t in trace.aborted for t in incarnations)
         tokens = list(run.answers.get(r.id) or ())
