@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -108,6 +109,30 @@ def seeded_arrivals(n: int, seed: int, spread: float, *, steps: bool = False) ->
     raw = [float(rng.randint(0, int(spread))) if steps else rng.uniform(0.0, spread) for _ in range(n)]
     first = min(raw)
     return [round(a - first, 4) for a in raw]
+
+
+def mixed_limits(n: int, limit: int, seed: int) -> list[int]:
+    """Each request's max_new_tokens: the first `limit`, the others drawn from [limit // 4, limit] by
+    the seed, so the limits land at different places (inside an accepted run, at a block boundary)."""
+    rng = random.Random(f"limits-{seed}")
+    return [limit] + [rng.randint(max(1, limit // 4), limit) for _ in range(n - 1)]
+
+
+def likely_eos(target: torch.nn.Module, prompts: Sequence[Sequence[int]], limits: Sequence[int]) -> int | None:
+    """An EOS that ends some requests early: of the tokens the target's greedy continuations emit,
+    the one first emitted strictly inside the most continuations (neither first, which would test
+    nothing, nor last), preferring one that leaves some request to run to its limit. None if no
+    token qualifies (an EOS nobody produces would never be tested)."""
+    inside: Counter[int] = Counter()
+    everywhere: set[int] | None = None
+    with torch.no_grad():
+        for prompt, limit in zip(prompts, limits):
+            tokens = greedy_oracle(target, tuple(prompt), max_new_tokens=limit, eos_token_id=None).tokens
+            first = {t: i for i, t in reversed(list(enumerate(tokens)))}
+            inside.update(t for t, i in first.items() if 0 < i < limit - 1)
+            everywhere = set(first) if everywhere is None else everywhere & set(first)
+    ranked = sorted(inside, key=lambda t: (t in (everywhere or set()), -inside[t], t))
+    return ranked[0] if ranked else None
 
 
 def arrival_offsets(n: int, spread: float, *, steps: bool = False) -> st.SearchStrategy[list[float]]:

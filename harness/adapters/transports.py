@@ -9,7 +9,9 @@ Three ways in:
   - `audit_server(url, target, prompts)`: an OpenAI-compatible completions server on localhost.
     One `POST {url}/v1/completions` per request, from its own thread at its arrival time, with
     `prompt` as token ids, `max_tokens`, `temperature: 0` and `return_token_ids: true` (vLLM's
-    extension; `ignore_eos: true` when no EOS id is given). Tokens are read from
+    extension), and `ignore_eos: true`: the EOS the oracle judges against (`eos_token_id`) is sent
+    as the only stop token (`stop_token_ids`), so a model whose configuration names other stop ids
+    is held to the one EOS the audit knows, and any token can be chosen as EOS. Tokens are read from
     `choices[0].token_ids`, else from vLLM's `"token_id:N"` logprob strings. An EOS the server
     stopped at (`finish_reason: "stop"`) but left out of the list is put back, as the oracle
     includes it. Standard library only.
@@ -82,8 +84,9 @@ class CompletionsClient:
         }
         if self.model is not None:
             body["model"] = self.model
-        if eos_token_id is None:
-            body["ignore_eos"] = True
+        body["ignore_eos"] = True  # the judged EOS, if any, is the only stop token
+        if eos_token_id is not None:
+            body["stop_token_ids"] = [eos_token_id]
         return {**body, **self.extra}
 
     def post(self, body: dict[str, Any], request_id: int) -> tuple[Any, Violation | None]:

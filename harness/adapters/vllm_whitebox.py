@@ -155,7 +155,8 @@ def run_workload(llm: Any, workload: Workload, max_steps: int = 600) -> Observed
     def params(r: PlannedRequest) -> Any:
         if workload.eos is None:
             return SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
-        return SamplingParams(max_tokens=r.max_tokens, temperature=0.0, stop_token_ids=[workload.eos])
+        # the drawn EOS is the only stop: the model's own EOS id would end a request the oracle continues
+        return SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True, stop_token_ids=[workload.eos])
 
     due = [(r.arrival, rid, r.prompt, params(r)) for rid, r in zip(workload.ids, workload.requests)]
     aborts = {rid: r.abort for rid, r in zip(workload.ids, workload.requests) if r.abort is not None}

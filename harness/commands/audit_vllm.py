@@ -2,7 +2,8 @@
 (control, ngram, draft model, the target as its own draft).
 
 The black box: `specaudit blackbox` against a vLLM OpenAI-compatible server (started with
-`--block-size 32`, so outputs cross block boundaries), /metrics read around it. The white box:
+`--block-size 32`, so outputs cross block boundaries; each request's `max_tokens` drawn, an EOS
+the target emits part-way sent as the only stop token), /metrics read around it. The white box:
 `python -m specaudit whitebox-vllm` with the vLLM venv's python, Hypothesis drawing
 workloads through an in-process engine whose settings the configuration names
 (`adapters.vllm_server.WHITEBOX`). One report, an entry per level per configuration
@@ -80,7 +81,7 @@ def blackbox_configuration(
             blackbox = BlackboxSettings(
                 target=str(target), server=url, requests=settings.requests, max_new_tokens=settings.max_new_tokens,
                 seed=settings.seed, spread=settings.spread, served_model=str(target), prompts=prompts,
-                timeout_s=settings.request_timeout_s,
+                likely_eos=True, mixed_max_tokens=True, timeout_s=settings.request_timeout_s,
                 dtype="float32", out=out, quiet=True,
             )  # fmt: skip
             run_blackbox(blackbox)

@@ -21,7 +21,15 @@ from urllib.parse import urlsplit
 
 import torch
 
-from specaudit.adapters.engine_blackbox import EngineAuditResult, Request, load_target, make_requests, seeded_arrivals
+from specaudit.adapters.engine_blackbox import (
+    EngineAuditResult,
+    Request,
+    likely_eos,
+    load_target,
+    make_requests,
+    mixed_limits,
+    seeded_arrivals,
+)
 from specaudit.adapters.transports import audit_callable, audit_server, is_stepwise
 from specaudit.artifacts.report import write_report
 from specaudit.config.settings import BlackboxSettings
@@ -256,7 +264,9 @@ def fresh_plan(
     model: torch.nn.Module,
     given: list[list[int]] | None,
 ) -> Plan:
-    """Prompts (`given`, from --prompts, else drawn from the seed) and arrivals drawn from the seed."""
+    """Prompts (`given`, from --prompts, else drawn from the seed), arrivals drawn from the seed, each
+    request's limit (drawn too with --mixed-max-tokens) and the EOS (chosen from the target's own
+    continuations with --likely-eos): all recorded in the reproducer, so a replay needs none of it."""
     seed = settings.seed or 0
     spread = DEFAULT_SPREAD[transport] if settings.spread is None else settings.spread
     if given is not None:
@@ -264,9 +274,12 @@ def fresh_plan(
     else:
         vocab = vocab_bound(target, model)
         prompts = drawn_prompts(settings.requests or DEFAULT_REQUESTS, seed, vocab, settings.eos_token_id)
+    limit = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    limits = mixed_limits(len(prompts), limit, seed) if settings.mixed_max_tokens else [limit] * len(prompts)
+    eos = likely_eos(model, prompts, limits) if settings.likely_eos else settings.eos_token_id
     arrivals = seeded_arrivals(len(prompts), seed, spread, steps=transport == "engine")
-    requests = make_requests(prompts, arrivals, settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS)
-    return Plan(transport, where, target, tuple(requests), seed, spread, settings.eos_token_id,
+    requests = make_requests(prompts, arrivals, limits)
+    return Plan(transport, where, target, tuple(requests), seed, spread, eos,
                 settings.served_model, settings.max_batch, settings.dtype)  # fmt: skip
 
 

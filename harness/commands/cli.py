@@ -185,6 +185,8 @@ def cmd_blackbox(args: argparse.Namespace) -> int:
         spread=args.spread,
         prompts=args.prompts,
         eos_token_id=args.eos_token_id,
+        likely_eos=args.likely_eos,
+        mixed_max_tokens=args.mixed_max_tokens,
         served_model=args.served_model,
         timeout_s=args.timeout,
         max_batch=args.max_batch,
@@ -416,8 +418,17 @@ def add_blackbox(sub: argparse._SubParsersAction) -> None:
         "tokenizer (default: N prompts drawn from the seed)",
     )
     parser.add_argument(
-        "--eos-token-id", type=int, metavar="ID", help="the server's EOS id (default: none; ignore_eos is sent)"
-    )
+        "--eos-token-id", type=int, metavar="ID", help="the EOS id, sent as the only stop token (default: none; "
+        "ignore_eos is sent and every request runs to its limit)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--likely-eos", action="store_true", help="EOS: a token the target's greedy continuations of these prompts "
+        "emit part-way, so some requests stop early (chosen once, kept in the reproducer)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--mixed-max-tokens", action="store_true", help="each request's max_tokens drawn from the seed in "
+        "[M/4, M] (the first M), so limits land at different places"
+    )  # fmt: skip
     parser.add_argument("--served-model", metavar="NAME", help="the `model` field of each request (--server)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per request (default 60)")
     parser.add_argument(

@@ -160,6 +160,8 @@ class BlackboxSettings:
     spread: float | None = None
     prompts: Path | None = None
     eos_token_id: int | None = None
+    likely_eos: bool = False  # EOS: a token the target's greedy continuations emit (`engine_blackbox.likely_eos`)
+    mixed_max_tokens: bool = False  # each request's limit drawn from the seed (`engine_blackbox.mixed_limits`)
     served_model: str | None = None
     timeout_s: float = 60.0
     max_batch: int = 3
@@ -180,6 +182,8 @@ class BlackboxSettings:
             raise UsageError(f"--spread must not be negative, got {self.spread:g}")
         if self.timeout_s <= 0:
             raise UsageError(f"--timeout must be positive, got {self.timeout_s:g}")
+        if self.likely_eos and self.eos_token_id is not None:
+            raise UsageError("give --eos-token-id ID or --likely-eos, not both")
         if self.replay is not None:
             fixed = {
                 "--requests": self.requests,
@@ -188,6 +192,8 @@ class BlackboxSettings:
                 "--seed": self.seed,
                 "--spread": self.spread,
                 "--eos-token-id": self.eos_token_id,
+                "--likely-eos": self.likely_eos or None,
+                "--mixed-max-tokens": self.mixed_max_tokens or None,
             }
             given = [flag for flag, value in fixed.items() if value is not None]
             if given:

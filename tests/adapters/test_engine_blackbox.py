@@ -231,7 +231,7 @@ def test_server_eos_left_out_is_put_back(pair, serve) -> None:
     result = audit_server(url, target, PROMPTS[:1], max_new_tokens=8, eos_token_id=eos, arrivals=[0])
     assert result.passed, result.render()
     assert result.outcomes[0].tokens[-1] == eos and "EOS put back" in result.outcomes[0].note
-    assert "ignore_eos" not in seen[0]
+    assert seen[0]["ignore_eos"] and seen[0]["stop_token_ids"] == [eos], "the judged EOS is the only stop token"
 
 
 # ---------------------------------------------------------------------------------------

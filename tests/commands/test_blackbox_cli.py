@@ -20,6 +20,7 @@ from specaudit.commands.cli import main
 from specaudit.fixtures.pairs import draft_model, target_model
 from specaudit.reference.engine_mutants import AdmitPositionsFromWidth
 from specaudit.reference.engines import EqSpecEngine
+from specaudit.reference.oracle import greedy_oracle
 from tests.adapters.test_engine_blackbox import EngineApp, serve  # noqa: F401 (serve: the server fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -52,6 +53,27 @@ def good_generate(prompts: list[list[int]], max_new_tokens: int) -> list[list[in
         for rid, tokens in e.step().items():
             out[rid] += tokens
     return [out[i] for i in range(len(prompts))]
+
+
+class StopApp:
+    """A server that honours the request's stop token as vLLM does (`stop_token_ids` with
+    `ignore_eos`), serving the oracle's tokens; `runs_past` ignores the stop token (a planted fault)."""
+
+    def __init__(self, runs_past: bool = False) -> None:
+        self.target, self.runs_past = target_model("llama"), runs_past
+
+    def __call__(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        stops = [] if self.runs_past else body.get("stop_token_ids") or []
+        eos = stops[0] if stops else None
+        tokens = greedy_oracle(
+            self.target, tuple(body["prompt"]), max_new_tokens=int(body["max_tokens"]), eos_token_id=eos
+        )
+        choice = {
+            "index": 0,
+            "token_ids": list(tokens.tokens),
+            "finish_reason": "stop" if tokens.stop == "eos" else "length",
+        }
+        return 200, json.dumps({"choices": [choice]}).encode()
 
 
 def plan_of(path: Path) -> dict[str, Any]:
@@ -208,6 +230,45 @@ def test_other_bad_input_is_a_usage_error(capsys, argv: list[str], words: str) -
     """A target that is not there, missing flags, out-of-range numbers, an unreadable reproducer."""
     assert main(["blackbox", *argv]) == 2
     assert words in one_error_line(capsys)
+
+
+def test_likely_eos_and_mixed_limits_stop_requests_early_and_replay(serve, tmp_path: Path, capsys) -> None:  # noqa: F811
+    """--likely-eos --mixed-max-tokens: the EOS is a token the target emits part-way, sent as the only
+    stop token; limits differ; some requests stop at EOS before their limit; the reproducer keeps both
+    and its replay sends the same bodies."""
+    url, seen = serve(StopApp())
+    out = tmp_path / "run"
+    argv = ["--target", "llama", "--requests", "8", "--max-new-tokens", "12", "--seed", "1", "--spread", "0.1"]
+    assert main(["blackbox", "--server", url, *argv, "--likely-eos", "--mixed-max-tokens", "--out", str(out)]) == 0
+    assert "PASS" in capsys.readouterr().out
+    repro = plan_of(out / "repro.json")
+    eos, limits = repro["eos_token_id"], [r["max_new_tokens"] for r in repro["requests"]]
+    assert eos is not None and len(set(limits)) > 1 and limits[0] == 12, (eos, limits)
+    assert all(b["stop_token_ids"] == [eos] and b["ignore_eos"] for b in seen)
+    (report,) = json.loads((out / "report.json").read_text())["entries"]
+    early = [r for r in report["requests"] if r["tokens"] and r["tokens"][-1] == eos and len(r["tokens"]) < 12]
+    assert early, f"no request stopped at EOS {eos}: {[r['tokens'] for r in report['requests']]}"
+    first = sorted((tuple(b["prompt"]), b["max_tokens"]) for b in seen)
+    assert main(["blackbox", "--replay", str(out / "repro.json"), "--quiet"]) == 0
+    assert sorted((tuple(b["prompt"]), b["max_tokens"]) for b in seen[len(first) :]) == first
+
+
+def test_a_server_running_past_the_likely_eos_fails(serve, capsys) -> None:  # noqa: F811
+    """The negative control: a server that ignores the stop token runs past EOS and fails."""
+    url, _ = serve(StopApp(runs_past=True))
+    argv = ["--target", "llama", "--requests", "8", "--max-new-tokens", "12", "--seed", "1", "--likely-eos"]
+    assert main(["blackbox", "--server", url, *argv, "--quiet", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert not report["passed"], report["verdict"]
+    assert "contract broken" in report["verdict"] and any(r["status"] == "error" for r in report["requests"])
+    rules = {v["rule"] for r in report["requests"] if r["status"] == "error" for v in r["violations"]}
+    assert rules == {"ends-at-eos"}, rules
+
+
+def test_likely_eos_with_an_eos_id_is_a_usage_error(capsys) -> None:
+    argv = ["blackbox", "--server", "http://127.0.0.1:1", "--target", "llama", "--likely-eos", "--eos-token-id", "2"]
+    assert main(argv) == 2
+    assert "not both" in one_error_line(capsys)
 
 
 def test_text_prompts_need_a_tokenizer(tmp_path: Path, capsys) -> None:
