@@ -258,6 +258,22 @@ def stop_checked_per_step(original: Callable[..., Any]) -> Callable[..., Any]:
     return update
 
 
+def computed_kept_on_preemption(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Preemption gives a request's blocks back but keeps its computed-token count: resumed, only
+    the tokens after that count are computed, over fresh blocks that hold nothing (the recompute
+    from position 0 skipped)."""
+
+    def _preempt_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> None:
+        computed = request.num_computed_tokens
+        original(self, request, *args, **kwargs)
+        request.num_computed_tokens = computed
+
+    return _preempt_request
+
+
+PREEMPTING = "--method ngram --k 3 --block-size 32 --kv-blocks 5 --max-num-batched-tokens 64"
+"""A KV cache of 5 blocks of 32 (one is vLLM's null block): two requests of up to 48 + 30 tokens preempt."""
+
 SELF_DRAFT = "--method self-draft --k 5"  # every draft accepted: multi-token steps cross max_tokens and EOS
 
 MUTANTS: tuple[VllmMutant, ...] = (
@@ -348,6 +364,16 @@ MUTANTS: tuple[VllmMutant, ...] = (
         check="contract",
         workload=SELF_DRAFT,
         weakness="the white box did not judge outputs (length, stop)",
+    ),
+    VllmMutant(
+        "recompute-skipped-after-preemption",
+        "a preempted request keeps its computed-token count: resumed, it is not recomputed from position 0",
+        f"{SCHEDULER}._preempt_request",
+        "query-positions",
+        True,
+        computed_kept_on_preemption,
+        workload=PREEMPTING,
+        weakness="preemption is followed (a resumed request is a new incarnation): a fault in it is still caught",
     ),
 )
 

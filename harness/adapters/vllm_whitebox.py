@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from specaudit.checks.registry import PAGED, evaluate
 from specaudit.contracts.violation import Violation
 from specaudit.running.paged import PagedRun, PagedTrace
 
@@ -193,21 +194,9 @@ def output_record(observed: Observed, workload: Workload, target: torch.nn.Modul
     return record
 
 
-def judge(run: PagedRun) -> list[Violation]:
-    """Every PAGED check of the registry on the run (layout, contract, equivalence, liveness);
-    the same checks called one by one while the registry does not dispatch PAGED yet."""
-    from specaudit.checks import registry
-
-    if hasattr(registry, "PAGED"):
-        return list(registry.evaluate(registry.PAGED, run).violations)
-    from specaudit.checks.outputs import OutputEvidence, record_contract, record_equivalence, record_liveness
-    from specaudit.checks.paged import check_paged
-
-    found = check_paged(run.trace, run.reference)
-    if run.record is not None:
-        evidence = OutputEvidence(run.record, run.dtype, run.oracle_from)
-        found += record_contract(evidence) + record_equivalence(evidence) + record_liveness(evidence)
-    return found
+def paged_violations(run: PagedRun) -> list[Violation]:
+    """Every PAGED check of the registry on the run (layout, contract, equivalence, liveness)."""
+    return list(evaluate(PAGED, run).violations)
 
 
 # ---------------------------------------------------------------------------------------
@@ -409,7 +398,7 @@ class Probe:
             self.result.acceptance.add(acceptance(observed.trace))
             self.result.preemptions += sum(len(s) for s in observed.preempted.values())
         self.result.trace = observed.trace
-        return judge(run)
+        return paged_violations(run)
 
     def __call__(self, workload: Workload) -> None:
         if time.monotonic() > self.deadline:
@@ -507,7 +496,7 @@ def observe_in_process(model: str, draft: str | None, payload: dict[str, Any]) -
     reference = hf_kv_reference(path, observed.trace.kv_layers)
     run = PagedRun(observed.trace, record=record, reference=reference, dtype="float32",
                    oracle_from=oracle_from(target, workload.eos))  # fmt: skip
-    found = judge(run)
+    found = paged_violations(run)
     preemptions = sum(len(s) for s in observed.preempted.values())
     return WhiteBoxResult(subject, options, 1, 0, 0.0, preemptions, acceptance(observed.trace), workload, found,
                           observed.trace)  # fmt: skip

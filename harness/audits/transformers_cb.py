@@ -4,7 +4,7 @@ Its items: each public entry point's fixed workload (must pass), a Hypothesis se
 drawn workloads and every entry point (must pass; a failure is shrunk to a minimal workload),
 and each planted bug of `specaudit.reference.transformers_cb_mutants` on its workload (must be
 caught). Every run is judged by the registry's paged-engine checks
-(`specaudit.adapters.transformers_cb.judge`); each verdict is one report entry of kind "paged
+(`specaudit.adapters.transformers_cb.verdict_of`); each verdict is one report entry of kind "paged
 engine", and every failure is written as a `transformers-cb` reproducer that `specaudit replay`
 runs again. With --decoder or --engine the audit is of the user's own subjects: none of these.
 """
@@ -23,12 +23,12 @@ from specaudit.adapters.transformers_cb import (
     KNOWN_DEFECTS,
     SMOKE,
     CbVerdict,
-    judge,
     mutant_workload,
     report_entry,
     run_workload,
     search,
     search_entry,
+    verdict_of,
 )
 from specaudit.adapters.transformers_cb.reproducer import reproducer_of
 from specaudit.artifacts.reproducer import Reproducer, save
@@ -79,10 +79,10 @@ def run_transformers_cb(item: Item, progress: Progress | None = None) -> Verdict
         name = item.spec.removeprefix(PLANTED_PREFIX)
         if item.spec.startswith(PLANTED_PREFIX):
             with planted(BY_NAME[name]):
-                verdict = judge(run_workload(mutant_workload(BY_NAME[name].workload)))
+                verdict = verdict_of(run_workload(mutant_workload(BY_NAME[name].workload)))
             return judged(verdict, {"workload": BY_NAME[name].workload, "planted": name}, item)
         name = item.spec.removeprefix(SMOKE_PREFIX)
-        return judged(judge(run_workload(SMOKE[name])), {"workload": "smoke", "entry_point": name}, item)
+        return judged(verdict_of(run_workload(SMOKE[name])), {"workload": "smoke", "entry_point": name}, item)
 
 
 def judged(verdict: CbVerdict, subject: dict[str, Any], item: Item) -> EntryVerdict:

@@ -29,7 +29,6 @@ from specaudit.adapters.transformers_cb import (
     SMOKE,
     CbRequest,
     CbWorkload,
-    judge,
     known_defects,
     likely_tokens,
     mutant_workload,
@@ -38,6 +37,7 @@ from specaudit.adapters.transformers_cb import (
     replay_workload,
     run_workload,
     search,
+    verdict_of,
     write_reproducer,
 )
 from specaudit.checks.paged import check_paged
@@ -56,7 +56,7 @@ def one_thread() -> Iterator[None]:
 
 
 def statuses(workload: CbWorkload) -> tuple[dict[str, str], object]:
-    verdict = judge(run_workload(workload))
+    verdict = verdict_of(run_workload(workload))
     return dict(verdict.evaluation.statuses), verdict
 
 
@@ -117,7 +117,7 @@ def test_hand_checked_trace() -> None:
     assert third.slot_mapping[1] == int(third.block_table[1, 1]) * 4  # b's position 4 opens its second page
     assert trace.commits[0] == {"a": a[:1], "b": b[:1]} and trace.commits[2] == {"a": a, "b": b}
     assert trace.left == {"a": 3, "b": 3} and trace.arrivals == {"a": 0, "b": 0}
-    assert set(dict(judge(run).evaluation.statuses).values()) == {"pass"}
+    assert set(dict(verdict_of(run).evaluation.statuses).values()) == {"pass"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ def test_planted_bug_is_caught_by_its_rule(mutant: CbMutant) -> None:
     comparison with the batch-size-1 oracle shows on the same run."""
     with planted(mutant):
         run = run_workload(mutant_workload(mutant.workload), timeout=30)
-    verdict = judge(run, reference=False)
+    verdict = verdict_of(run, reference=False)
     assert verdict.first is not None, f"{mutant!r} passed: {verdict.render()}"
     assert (verdict.first.check, verdict.first.rule) == (mutant.check, mutant.rule), verdict.first.render()
     found = dict(verdict.evaluation.statuses)

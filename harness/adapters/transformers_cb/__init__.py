@@ -14,7 +14,7 @@ registry entry (`checks.registry.PAGED`). Neither engine's adapter imports the o
 | `layout` | a forward's keyword arguments and the allocator -> `PagedCall` fields (`packed`, `Layout`) |
 | `observer` | `CbObserver`: the hooks, commits, departures, preemption as a new incarnation |
 | `schedule`, `driver` | CB settings; `run_workload` via `generate_batch`, the manager or `generate(paged)` |
-| `verdict` | `CbVerdict`, `judge` = `evaluate(PAGED, PagedRun(...))` |
+| `verdict` | `CbVerdict`, `verdict_of` = `evaluate(PAGED, PagedRun(...))` |
 | `defects` | `KNOWN_DEFECTS` of transformers' own `generate(cache_implementation="paged")` |
 | `strategies` | `cb_workloads`, the Hypothesis strategy |
 | `exercised`, `report` | coverage and preemptions; report entries of kind "paged engine" |
@@ -35,7 +35,13 @@ from specaudit.adapters.transformers_cb.observer import CbObserver
 from specaudit.adapters.transformers_cb.report import report_entry, search_entry
 from specaudit.adapters.transformers_cb.reproducer import read_workload, replay_workload, write_reproducer
 from specaudit.adapters.transformers_cb.strategies import cb_workloads
-from specaudit.adapters.transformers_cb.verdict import CbVerdict, judge, kv_reference, output_record, transport_errors
+from specaudit.adapters.transformers_cb.verdict import (
+    CbVerdict,
+    kv_reference,
+    output_record,
+    transport_errors,
+    verdict_of,
+)
 from specaudit.adapters.transformers_cb.workload import (
     ENGINE,
     ENTRY_POINTS,
@@ -69,7 +75,6 @@ __all__ = [
     "coverage",
     "engine_model",
     "generation_config",
-    "judge",
     "known_defects",
     "kv_reference",
     "likely_tokens",
@@ -80,11 +85,12 @@ __all__ = [
     "preemptions",
     "read_workload",
     "replay_workload",
-    "run_workload",
     "report_entry",
+    "run_workload",
     "search",
     "search_entry",
     "transport_errors",
+    "verdict_of",
     "workload_from_json",
     "workload_json",
     "write_reproducer",

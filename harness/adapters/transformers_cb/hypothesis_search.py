@@ -17,7 +17,7 @@ from specaudit.adapters.transformers_cb.defects import known_defects
 from specaudit.adapters.transformers_cb.driver import run_workload
 from specaudit.adapters.transformers_cb.exercised import coverage, preemptions
 from specaudit.adapters.transformers_cb.strategies import cb_workloads
-from specaudit.adapters.transformers_cb.verdict import CbVerdict, judge
+from specaudit.adapters.transformers_cb.verdict import CbVerdict, verdict_of
 from specaudit.adapters.transformers_cb.workload import ENTRY_POINTS, CbWorkload
 from specaudit.checks.coverage import Coverage
 
@@ -61,7 +61,7 @@ def search(seed: int, examples: int, entries: Sequence[str] = ENTRY_POINTS) -> S
               suppress_health_check=list(HealthCheck), print_blob=False)  # fmt: skip
     @given(cb_workloads(entries))
     def prop(workload: CbWorkload) -> None:
-        verdict = judge(run_workload(workload))
+        verdict = verdict_of(run_workload(workload))
         if not found.add(verdict) and not verdict.passed:
             raise CbFailure(verdict)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specaudit.adapters.transformers_cb.driver import run_workload
-from specaudit.adapters.transformers_cb.verdict import CbVerdict, judge
+from specaudit.adapters.transformers_cb.verdict import CbVerdict, verdict_of
 from specaudit.adapters.transformers_cb.workload import ENGINE, CbWorkload, workload_from_json, workload_json
 from specaudit.artifacts.reproducer import Reproducer, save, violations_evidence
 from specaudit.contracts.case import ENVELOPE_FORMAT
@@ -69,4 +69,4 @@ def _workload_part(data: Any, path: Path) -> dict[str, Any]:
 def replay_workload(path: Path, timeout: float = 60.0) -> CbVerdict:
     """The file's workload run again through its entry point on the installed transformers, and
     judged by every paged-engine check (a planted bug must be in place around the call)."""
-    return judge(run_workload(read_workload(path), timeout=timeout))
+    return verdict_of(run_workload(read_workload(path), timeout=timeout))

@@ -94,7 +94,7 @@ def transport_errors(run: CbRun) -> dict[int | None, Violation]:
     }
 
 
-def judge(run: CbRun, target: torch.nn.Module | None = None, reference: bool = True) -> CbVerdict:
+def verdict_of(run: CbRun, target: torch.nn.Module | None = None, reference: bool = True) -> CbVerdict:
     """`evaluate(PAGED, PagedRun(...))`: every paged rule on every forward (kv-entry against a
     batch-size-1 run unless `reference` is off), then each request's output contract,
     equivalence and liveness. `target` is the oracle's model (the shared tiny Llama by default)."""
