@@ -271,7 +271,7 @@ def computed_kept_on_preemption(original: Callable[..., Any]) -> Callable[..., A
     return _preempt_request
 
 
-PREEMPTING = "--method ngram --k 3 --block-size 32 --kv-blocks 5 --max-num-batched-tokens 64"
+PREEMPTING = "--method ngram --k 3 --block-size 32 --kv-blocks 5 --max-num-batched-tokens 64 --max-model-len 128"
 """A KV cache of 5 blocks of 32 (one is vLLM's null block): two requests of up to 48 + 30 tokens preempt."""
 
 SELF_DRAFT = "--method self-draft --k 5"  # every draft accepted: multi-token steps cross max_tokens and EOS
@@ -369,7 +369,7 @@ MUTANTS: tuple[VllmMutant, ...] = (
         "recompute-skipped-after-preemption",
         "a preempted request keeps its computed-token count: resumed, it is not recomputed from position 0",
         f"{SCHEDULER}._preempt_request",
-        "query-positions",
+        "context-length",  # then query-positions, query-tokens, kv-provenance
         True,
         computed_kept_on_preemption,
         workload=PREEMPTING,
