@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from specaudit.checks.registry import PAGED, evaluate
+from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import Violation
 from specaudit.running.paged import PagedRun, PagedTrace
 
@@ -52,6 +53,14 @@ class EngineOptions:
     kv_blocks: int | None = None  # small: requests are preempted and recomputed
     prefix_caching: bool = False
     max_model_len: int = 512
+
+    def __post_init__(self) -> None:
+        if self.kv_blocks is not None and self.kv_blocks * self.block_size < self.max_model_len:
+            raise UsageError(
+                f"--kv-blocks {self.kv_blocks} of --block-size {self.block_size} hold fewer tokens than "
+                f"--max-model-len {self.max_model_len}: vLLM refuses to start; give a --max-model-len of at most "
+                f"{(self.kv_blocks - 1) * self.block_size} (one block is vLLM's null block)"
+            )
 
     def speculative(self, target: str, draft: str | None) -> dict[str, Any] | None:
         if self.method == "none":

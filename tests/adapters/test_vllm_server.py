@@ -313,3 +313,14 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Capture
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no vLLM python" in err[0], f"stderr {err}, should be one line naming the python"
     assert main(["audit-vllm", "--models", "gpt9"]) == 2, "an unknown served model should be a usage error"
+
+
+def test_a_kv_cache_smaller_than_the_model_length_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM would refuse to start with a traceback; the white box says which option to change, in one line."""
+    from specaudit.commands.cli import main
+
+    argv = ["whitebox-vllm", "--model", "m", "--json", "out.json", "--block-size", "32", "--kv-blocks", "5",
+            "--max-model-len", "512"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give a --max-model-len of at most 128" in err, err
