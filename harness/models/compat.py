@@ -188,6 +188,8 @@ def call_arguments(signature: inspect.Signature | None, args: tuple, kwargs: dic
     """
     if signature is None:
         return dict(kwargs, **({"input_ids": args[0]} if args else {}))
+    if not args:  # what binding keywords alone gives (the common call), without inspect's cost
+        return dict(kwargs)
     try:
         bound = signature.bind_partial(*args, **kwargs)
     except TypeError:

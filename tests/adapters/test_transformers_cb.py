@@ -40,10 +40,15 @@ from specaudit.adapters.transformers_cb import (
     verdict_of,
     write_reproducer,
 )
+from specaudit.audits.transformers_cb import available
 from specaudit.checks.paged import check_paged
 from specaudit.contracts.errors import UsageError
 from specaudit.reference.transformers_cb_mutants import BY_NAME, MUTANTS, CbMutant, planted
 from specaudit.running.paged import PagedCall, PagedTrace
+
+# The tests that run the engine; the rest (the paged rules on hand-made traces, the catalog's
+# coverage, a reproducer's kind) run on every supported transformers.
+needs_cb = pytest.mark.skipif(not available(), reason="this transformers has no continuous batching (5.x has)")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -64,6 +69,7 @@ def statuses(workload: CbWorkload) -> tuple[dict[str, str], object]:
 # The correct engine
 
 
+@needs_cb
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_each_entry_point_passes(entry: str) -> None:
     """Block boundaries (pages of 4), chunked prefill (8 tokens a batch), a duplicate prompt, a late
@@ -77,6 +83,7 @@ def test_each_entry_point_passes(entry: str) -> None:
         assert trace.aborted == {"r2"} and trace.arrivals["r1"] == 2
 
 
+@needs_cb
 def test_preemption_and_prefix_sharing_are_followed() -> None:
     """A cache too small for all four requests: transformers preempts (frees and requeues with the
     output as prompt) and recomputes; with prefix sharing it also de-duplicates completed blocks.
@@ -95,6 +102,7 @@ def test_preemption_and_prefix_sharing_are_followed() -> None:
 HAND = CbWorkload((CbRequest("a", (1, 2, 3, 4, 5), 3), CbRequest("b", (7, 8, 9), 3)), "manager", prefix_sharing=False)
 
 
+@needs_cb
 def test_hand_checked_trace() -> None:
     """Two requests, pages of 4: the prefill packs both, then one decode token each per step."""
     run = run_workload(HAND)
@@ -124,6 +132,7 @@ def test_hand_checked_trace() -> None:
 # Planted bugs
 
 
+@needs_cb
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_planted_bug_is_caught_by_its_rule(mutant: CbMutant) -> None:
     """Each planted bug fails its check with its rule first; `output_visible` is what the
@@ -150,6 +159,7 @@ def test_planted_bugs_reach_the_rules() -> None:
 # A failure on disk: reported, written, replayed
 
 
+@needs_cb
 @pytest.mark.slow
 def test_a_shrunk_failure_replays_from_disk(tmp_path: Path) -> None:
     """Hypothesis under a planted bug (one token past max_new_tokens, on every request) shrinks to
@@ -181,6 +191,7 @@ def test_a_reproducer_of_another_kind_is_refused(tmp_path: Path) -> None:
 # Known defects of transformers' generate(cache_implementation="paged")
 
 
+@needs_cb
 def test_generate_paged_raises_on_ragged_eos() -> None:
     """Rows stopping at EOS at different lengths: generate raises building its [1, B, L] tensor;
     generate_batch returns the same requests, exact. Matched as a known defect."""
@@ -194,6 +205,7 @@ def test_generate_paged_raises_on_ragged_eos() -> None:
     assert set(found.values()) == {"pass"}, verdict.render()
 
 
+@needs_cb
 def test_generate_paged_ignores_the_attention_mask() -> None:
     """A left-padded row: generate(cache_implementation="paged") prefills the pads as tokens, so
     its output leaves the unpadded prompt's greedy continuation. Matched as a known defect."""
@@ -206,6 +218,7 @@ def test_generate_paged_ignores_the_attention_mask() -> None:
     assert known_defects(replace(verdict, run=replace(verdict.run, workload=even))) == ()  # no pads: a new failure
 
 
+@needs_cb
 def test_hypothesis_workloads_pass() -> None:
     """A few drawn workloads, every entry point: nothing but known defects fails."""
     found = search(seed=1, examples=4)
