@@ -43,6 +43,7 @@ from specaudit.reference.oracle import answer_oracles
 
 OUT = Path(__file__).parent / "results" / "blackbox_failing.md"
 OUT_VLLM = Path(__file__).parent / "results" / "blackbox_failing_vllm.md"
+LOGS = Path("specaudit-out") / "blackbox_failing"  # the servers' logs
 PLANT = Path(__file__).parent / "vllm_plant"  # its sitecustomize plants the bug in the server's processes
 ENGINES: dict[str, type] = {
     "passing (EqSpecEngine)": EqSpecEngine,
@@ -137,7 +138,7 @@ def served(args: argparse.Namespace, stack: ExitStack) -> tuple[dict[str, Callab
         port = free_port()
         url = f"http://{HOST}:{port}"
         command = server_command(args.vllm_python, target, port, speculative_config("draft", draft, target))
-        log = Path(args.out).parent / "blackbox_failing_logs" / f"server-{len(audits)}.log"
+        log = LOGS / f"server-{len(audits)}.log"
         stack.enter_context(serving([*command, *SERVER_BLOCK], url, log, 900.0, {**SERVER_ENV, **env}))
         audits[name] = lambda url=url: audit_server(
             url, oracle, texts, max_new_tokens=args.tokens, seed=args.seed, timeout_s=300,
