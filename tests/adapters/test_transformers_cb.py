@@ -16,6 +16,7 @@ blocks needs.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -40,6 +41,7 @@ from specaudit.adapters.transformers_cb import (
     verdict_of,
     write_reproducer,
 )
+from specaudit.adapters.transformers_cb.driver import CB_LOGGER
 from specaudit.audits.transformers_cb import available
 from specaudit.checks.paged import check_paged
 from specaudit.contracts.errors import UsageError
@@ -336,3 +338,15 @@ def test_a_preempted_request_is_named_and_split_as_vllm_does() -> None:
     assert followed.prompts["a~1"] == (1, 2, 11, 12) and followed.incarnations_of("a") == ["a", "a~1"]
     assert followed.request_of("a~1") == "a" and followed.resumed("a~1") and preemptions(followed) == 1
     assert observer.outputs()["a"] == (11, 12, 13), "transformers' own reading of the whole output"
+
+
+@needs_cb
+def test_only_the_hosts_psutil_notes_are_dropped_from_the_engines_log(caplog: pytest.LogCaptureFixture) -> None:
+    """transformers' CB logger says at ERROR on every manager start that psutil is missing (about
+    the host); those lines are dropped while a workload runs, anything else it logs is kept."""
+    with caplog.at_level(logging.INFO, logger=CB_LOGGER.name):
+        run_workload(HAND)
+        CB_LOGGER.error("a request failed")  # not a psutil note: kept, also outside a run
+    assert not [r for r in caplog.records if "psutil" in r.getMessage()]
+    assert "a request failed" in caplog.text
+    assert CB_LOGGER.filters == []  # the filter is gone once the run is over

@@ -15,6 +15,7 @@ mapping, so it is not driven here.
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from specaudit.adapters.transformers_cb.observer import CbObserver
 from specaudit.adapters.transformers_cb.schedule import Schedule
 from specaudit.adapters.transformers_cb.workload import CbWorkload
 from specaudit.running.paged import PagedTrace
+
+CB_LOGGER = logging.getLogger("ContinuousBatchingLogger")  # transformers' continuous batching's logger
 
 Answers = dict[str, tuple[int, ...] | None]  # request id -> its new tokens (None: nothing came back)
 Errors = dict[str, str]  # request id -> what went wrong returning it
@@ -70,15 +73,23 @@ class CbRun:
     seconds: float
 
 
+def without_psutil_notes(record: logging.LogRecord) -> bool:
+    """transformers' CB logger reports a missing psutil (memory breakdown, CPU offload cap) at ERROR
+    on every manager start: about the host, not the run, and a hundred lines in `make audit`."""
+    return "psutil" not in record.getMessage()
+
+
 def run_workload(workload: CbWorkload, model: torch.nn.Module | None = None, timeout: float = 60.0) -> CbRun:
     """Run `workload` through its entry point on a private tiny Llama, observed throughout."""
     model = engine_model(workload.seed) if model is None else model
     observer = CbObserver(model)
     start = time.perf_counter()
     gc.freeze()  # transformers runs gc.collect() when a manager stops: skip the heap that was there before
+    CB_LOGGER.addFilter(without_psutil_notes)
     try:
         answers, errors = DRIVERS[workload.entry](model, observer, workload, timeout)
     finally:
+        CB_LOGGER.removeFilter(without_psutil_notes)
         gc.unfreeze()
         observer.close()
     if observer.error is not None:
