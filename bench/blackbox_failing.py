@@ -10,13 +10,7 @@ four variants run interleaved in one process, the order rotated each repeat; med
 with the oracle's own forwards (counted on a copy of the target the engine never calls) and
 the verdicts, which must agree between the two oracles.
 
-With `--vllm-python`, the same over HTTP against two vLLM servers of the tiny Llama under the
-draft-model configuration, started side by side: one unpatched, one with a planted vLLM bug
-(`reference.vllm_mutants`, `--planted`) loaded into every server process by
-`bench/vllm_plant/sitecustomize.py`; `audit_server` judges both (the black box of `make audit-vllm`).
-
     python bench/blackbox_failing.py [--requests 8] [--tokens 64] [--repeats 5]
-    python bench/blackbox_failing.py --vllm-python .venv-vllm/bin/python [--planted slot-at-block-boundary]
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,16 +29,13 @@ from typing import Any
 import torch
 
 import specaudit.adapters.engine_blackbox as engine_blackbox
-from specaudit.adapters.transports import audit_callable, audit_server
+from specaudit.adapters.transports import audit_callable
 from specaudit.fixtures.pairs import draft_model, target_model
 from specaudit.reference.engine_mutants import AdmitPositionsFromWidth
 from specaudit.reference.engines import EqSpecEngine
 from specaudit.reference.oracle import answer_oracles
 
 OUT = Path(__file__).parent / "results" / "blackbox_failing.md"
-OUT_VLLM = Path(__file__).parent / "results" / "blackbox_failing_vllm.md"
-LOGS = Path("specaudit-out") / "blackbox_failing"  # the servers' logs
-PLANT = Path(__file__).parent / "vllm_plant"  # its sitecustomize plants the bug in the server's processes
 ENGINES: dict[str, type] = {
     "passing (EqSpecEngine)": EqSpecEngine,
     "failing (AdmitPositionsFromWidth)": AdmitPositionsFromWidth,
@@ -82,72 +73,19 @@ def oracle_mode(cut: bool) -> Iterator[None]:
         engine_blackbox.answer_oracles = original
 
 
-def run_once(audit: Callable[[], Any], oracle: torch.nn.Module, cut: bool) -> Sample:
-    """One black-box audit (`audit()`), with the oracle's forwards counted on `oracle`."""
+def run_once(engine: Callable[[], Any], oracle: torch.nn.Module, cut: bool, args: argparse.Namespace) -> Sample:
     calls: list[int] = []
     handle = oracle.register_forward_pre_hook(lambda *_: calls.append(1))
+    arrivals = [i // 2 * 2 for i in range(args.requests)]  # pairs arriving every other step: late ones get admitted
     try:
         with oracle_mode(cut):
             start = time.perf_counter()
-            result = audit()
+            result = audit_callable(engine(), oracle, prompts(args.requests, args.seed), max_new_tokens=args.tokens,
+                                    arrivals=arrivals, timeout_s=600)  # fmt: skip
             seconds = time.perf_counter() - start
     finally:
         handle.remove()
     return Sample(seconds, result.oracle_seconds, len(calls), tuple(map(verdict_of, result.violations)))
-
-
-def in_process(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], torch.nn.Module, str]:
-    """The built-in engines' black box: each engine name -> one audit of a fresh engine."""
-    target, draft = target_model("llama"), draft_model("llama", "tiny", [])
-    oracle = copy.deepcopy(target)  # the engine calls `target`; only the oracle's forwards are counted
-    arrivals = [i // 2 * 2 for i in range(args.requests)]  # pairs arriving every other step: late ones get admitted
-
-    def audit(cls: type) -> Callable[[], Any]:
-        return lambda: audit_callable(
-            cls(target, draft, num_draft_tokens=args.k, eos_token_id=None, pad_token_id=0), oracle,
-            prompts(args.requests, args.seed), max_new_tokens=args.tokens, arrivals=arrivals, timeout_s=600,
-        )  # fmt: skip
-
-    where = (f"tiny Llama pair (float64, 1 torch thread), {args.requests} requests x {args.tokens} tokens "
-             f"arriving in pairs every other step, K={args.k}, in process (`audit_callable`, the built-in "
-             f"engines' black box)")  # fmt: skip
-    return {name: audit(cls) for name, cls in ENGINES.items()}, oracle, where
-
-
-def served(args: argparse.Namespace, stack: ExitStack) -> tuple[dict[str, Callable[[], Any]], torch.nn.Module, str]:
-    """Two vLLM servers of the tiny Llama (draft-model configuration), unpatched and planted,
-    kept up in `stack`: each name -> one `audit_server` run against it."""
-    from specaudit.adapters.engine_blackbox import load_target
-    from specaudit.adapters.vllm_lifecycle import HOST, SERVER_ENV, check_python, free_port, server_command, serving
-    from specaudit.adapters.vllm_models import model_directories
-    from specaudit.adapters.vllm_server import SERVER_BLOCK, boundary_prompts, speculative_config
-    from specaudit.models.pretrained import cache_dir
-    from specaudit.reference.vllm_mutants import BY_NAME
-
-    version = check_python(args.vllm_python)
-    target, draft = model_directories("tiny", cache_dir() / "vllm", print)
-    oracle = load_target(str(target), "float32")
-    texts = boundary_prompts(oracle.config.vocab_size, args.requests, args.seed)
-    module = BY_NAME[args.planted].target.split(":")[0]  # what the sitecustomize waits for
-    variants = {"passing (unpatched vLLM)": {}, f"failing (vLLM with {args.planted})": {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(PLANT), os.environ.get("PYTHONPATH")])),
-        "SPECAUDIT_VLLM_PLANTED": args.planted, "SPECAUDIT_VLLM_PLANTED_MODULE": module,
-    }}  # fmt: skip
-    audits: dict[str, Callable[[], Any]] = {}
-    for name, env in variants.items():
-        port = free_port()
-        url = f"http://{HOST}:{port}"
-        command = server_command(args.vllm_python, target, port, speculative_config("draft", draft, target))
-        log = LOGS / f"server-{len(audits)}.log"
-        stack.enter_context(serving([*command, *SERVER_BLOCK], url, log, 900.0, {**SERVER_ENV, **env}))
-        audits[name] = lambda url=url: audit_server(
-            url, oracle, texts, max_new_tokens=args.tokens, seed=args.seed, timeout_s=300,
-            model=str(target), dtype="float32",
-        )  # fmt: skip
-    where = (f"tiny Llama served by vLLM {version} (float32, draft-model configuration, `--block-size 32`), "
-             f"{args.requests} motif prompts of 8-90 tokens x {args.tokens} tokens over HTTP (`audit_server`, "
-             f"the black box of `make audit-vllm`), two servers up side by side")  # fmt: skip
-    return audits, oracle, where
 
 
 def verdict_of(v: Any) -> tuple[Any, ...]:
@@ -176,26 +114,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--vllm-python", help="time vLLM servers over HTTP instead (the vLLM venv's python)")
-    parser.add_argument("--planted", default="slot-at-block-boundary", help="the failing server's vLLM bug")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    args.out = args.out or (OUT_VLLM if args.vllm_python else OUT)
     torch.set_num_threads(1)
-    with ExitStack() as stack:
-        audits, oracle, where = served(args, stack) if args.vllm_python else in_process(args)
-        variants = [(e, o) for e in audits for o in ORACLES]
-        samples: dict[tuple[str, str], list[Sample]] = {v: [] for v in variants}
-        load = os.getloadavg()
-        wall = time.perf_counter()
-        for repeat in range(args.repeats):
-            for engine, mode in variants[repeat % 4 :] + variants[: repeat % 4]:
-                samples[(engine, mode)].append(run_once(audits[engine], oracle, ORACLES[mode]))
-        wall = time.perf_counter() - wall
-    for engine in audits:
-        full, cut = (samples[(engine, o)][0].verdict for o in ORACLES)
-        assert full == cut, f"{engine}: verdict with the full oracle {full}, with the cut one {cut}"
-    lines = report(args, where, samples, load, os.getloadavg(), wall)
+    target, draft = target_model("llama"), draft_model("llama", "tiny", [])
+    oracle = copy.deepcopy(target)  # the engine calls `target`; only the oracle's forwards are counted
+    variants = [(e, o) for e in ENGINES for o in ORACLES]
+    samples: dict[tuple[str, str], list[Sample]] = {v: [] for v in variants}
+    load = os.getloadavg()
+    wall = time.perf_counter()
+    for repeat in range(args.repeats):
+        for engine_name, oracle_name in variants[repeat % 4 :] + variants[: repeat % 4]:
+            cls = ENGINES[engine_name]
+
+            def engine(cls: type = cls) -> Any:
+                return cls(target, draft, num_draft_tokens=args.k, eos_token_id=None, pad_token_id=0)
+
+            samples[(engine_name, oracle_name)].append(run_once(engine, oracle, ORACLES[oracle_name], args))
+    wall = time.perf_counter() - wall
+    for engine_name in ENGINES:
+        full, cut = (samples[(engine_name, o)][0].verdict for o in ORACLES)
+        assert full == cut, f"{engine_name}: verdict with the full oracle {full}, with the cut one {cut}"
+    lines = report(args, samples, load, os.getloadavg(), wall)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -203,7 +143,6 @@ def main() -> None:
 
 def report(
     args: argparse.Namespace,
-    where: str,
     samples: dict[tuple[str, str], list[Sample]],
     before: tuple[float, float, float],
     after: tuple[float, float, float],
@@ -211,23 +150,25 @@ def report(
 ) -> list[str]:
     command = (f"python bench/blackbox_failing.py --requests {args.requests} --tokens {args.tokens} "
                f"--repeats {args.repeats} --k {args.k} --seed {args.seed}")  # fmt: skip
-    if args.vllm_python:
-        command += f" --vllm-python {args.vllm_python} --planted {args.planted}"
     return [
         "# Failing against passing black-box time (bench/blackbox_failing.py)",
         "",
-        f"`{command}`: {where}. Each variant {args.repeats} times, interleaved, order rotated; medians. "
-        f"Machine: {os.cpu_count()} cores, load average {before[0]:.1f} at the start and {after[0]:.1f} at "
-        f"the end; {wall:.0f} s in all (servers' start-up not counted).",
+        f"`{command}`: tiny Llama pair (float64, 1 torch thread), {args.requests} requests x {args.tokens} tokens "
+        f"arriving in pairs every other step, K={args.k}, in process (`audit_callable`, the built-in engines' "
+        f"black box). Each variant {args.repeats} times, interleaved, order rotated; medians. Machine: "
+        f"{os.cpu_count()} cores, load average {before[0]:.1f} at the start and {after[0]:.1f} at the end; "
+        f"{wall:.0f} s in all.",
         "",
         *table(samples),
         "",
         "Verdicts (request, check, rule, index, found, expected) are identical with the full and the cut "
         "oracle for both engines (asserted by the script). Oracle forwards are counted on the oracle's own "
         "copy of the target: a right answer costs one teacher-forced forward; a wrong one, with the full "
-        "oracle, one more per token left after its divergence, with the cut one at most two. The paged "
-        "engines' records (vLLM's white box, transformers-cb) judge through the same "
-        "`answer_oracles(cut=True)`.",
+        "oracle, one more per token left after its divergence, with the cut one at most two.",
+        "",
+        "vLLM's black box (`audit_server` over HTTP) and the paged engines' records (vLLM's white box, "
+        "transformers-cb) judge through the same `answer_oracles(cut=True)`; they are not timed here (a "
+        "served vLLM on two shared CPU cores takes minutes to start).",
     ]
 
 
