@@ -13,13 +13,12 @@ from specaudit.adapters.transformers_cb import mutant_workload, read_workload, r
 from specaudit.audits import transformers_cb
 from specaudit.audits.plan import SUBJECTS, driver
 from specaudit.audits.subject import Item
-from specaudit.audits.transformers_cb import MODEL, audit_items, available, run_transformers_cb
+from specaudit.audits.transformers_cb import MODEL, audit_items, run_transformers_cb
 from specaudit.checks.registry import PAGED
 from specaudit.commands.replay import replay
 from specaudit.config.settings import AuditSettings
 from specaudit.reference.transformers_cb_mutants import BY_NAME, MUTANTS, planted
-
-needs_cb = pytest.mark.skipif(not available(), reason="this transformers has no continuous batching (5.x has)")
+from tests.adapters.test_transformers_cb import needs_cb
 
 
 @needs_cb
