@@ -136,8 +136,9 @@ def file_call(call: CallRecord, table: torch.Tensor, lengths: torch.Tensor, afte
     context = (obs.past[:, None] + own.long().cumsum(1))[:, width - kept :]  # [B, T'] entries each input attends
     own = own[:, width - kept :]
     fits = own[:, None, :] & (context[:, None, :] <= held[:, :, None]) & (context[:, None, :] > 0)  # [B, R, T']
+    entries, proposed = context.tolist(), call.proposals.tolist()  # lists: cheap per-element reads
     for b, r, j in fits.nonzero().tolist():
-        after[r].setdefault(int(context[b, j]), set()).add(int(call.proposals[b, j]))
+        after[r].setdefault(entries[b][j], set()).add(proposed[b][j])
 
 
 def rounds(run: Run, views: list[RowView]) -> list[list[RowView]]:

@@ -42,7 +42,7 @@ that decided it is position-id.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -626,12 +626,31 @@ def evaluate(subject: str | Run, evidence: Any = None) -> Evaluation:
 
 def all_violations(run: Run) -> list[Violation]:
     """Every failing check's evidence, ordered by check, then by target call."""
-    return evaluate(run).violations
+    return list(violations_in_order(run))
 
 
-def first_signature(run: Run) -> tuple[CheckOutcome, Signature] | None:
-    """The first failing check's outcome and the signature its first violation maps to."""
-    first = evaluate(run).first_failure
+def violations_in_order(run: Run, through: str | None = None) -> Iterator[Violation]:
+    """`all_violations`, each check judged only when the violations before it are read, none after
+    check `through`: a shrinker that keeps a failure class needs the first violation, and no later
+    check than its class's (order independence runs the decoder again)."""
+    for check in checks_through(through):
+        yield from outcome_of(check.name, run).violations
+
+
+def first_failing(run: Run, through: str | None = None) -> CheckOutcome | None:
+    """`evaluate(run).first_failure`, judging no check after it (nor after check `through`)."""
+    outcomes = (outcome_of(check.name, run) for check in checks_through(through))
+    return next((o for o in outcomes if o.status == FAIL), None)
+
+
+def checks_through(name: str | None) -> tuple[Check, ...]:
+    """The batch checks in order, up to and including `name` (all of them for None)."""
+    return BATCH_CHECKS if name is None else BATCH_CHECKS[: BATCH_ORDER.index(name) + 1]
+
+
+def first_signature(run: Run, through: str | None = None) -> tuple[CheckOutcome, Signature] | None:
+    """The first failing check's outcome (up to check `through`) and the signature its first violation maps to."""
+    first = first_failing(run, through)
     if first is None:
         return None
     return first, decided(check_named(first.check).signature(first.violations[0], run), run)

@@ -44,11 +44,12 @@ in about a hundred runs, a few seconds.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from specaudit.checks.diagnosis import Diagnosis, diagnose
+from specaudit.checks.registry import first_signature, violations_in_order
 from specaudit.config.settings import DEFAULT_MINIMIZE_BUDGET
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import load_decoder
@@ -261,7 +262,49 @@ class Minimizer(Generic[C, E]):
         return found is not None and found == self.target and self.counts(e)
 
 
-CaseMinimizer = Minimizer[Case, Diagnosis]
+FailureClass = tuple[str | None, ...]
+
+
+@dataclass(frozen=True)
+class Glance:
+    """A candidate's run as far as keeping the original's failure class needs: its checks judged in
+    order up to that class's check (a first failure after it is another class; order independence
+    runs the decoder again), in full (`diagnosis`) only when it reproduces. The original is
+    diagnosed in full: its class is not known before."""
+
+    failure: FailureClass | None  # None: no check failed (up to the class's check)
+    counted: bool  # a violation that `counts` (every violation by default) is among them
+    diagnosis: Diagnosis | None
+
+
+class Glancer:
+    """A minimizer's `run`: the first case it runs (the original) in full, each later one up to the
+    class the original failed in."""
+
+    def __init__(self, runner: Callable[[Case], Run], counts: Callable[[Violation], bool] | None) -> None:
+        self.runner, self.counts = runner, counts
+        self.target: FailureClass | None = None
+
+    def __call__(self, case: Case) -> Glance:
+        run = self.runner(case)
+        if self.target is None:
+            d = diagnose(run)
+            self.target = failure = failure_class(d)
+            return Glance(failure, self.counted(d.violations), d)
+        found = first_signature(run, through=self.target[0])
+        if found is None:
+            return Glance(None, False, None)
+        first, (signature, _) = found
+        failure = class_of(first.check, signature, first.violations[0])
+        if failure != self.target or not self.counted(violations_in_order(run)):
+            return Glance(failure, False, None)
+        return Glance(failure, True, diagnose(run))
+
+    def counted(self, violations: Iterable[Violation]) -> bool:
+        return self.counts is None or any(self.counts(v) for v in violations)
+
+
+CaseMinimizer = Minimizer[Case, Glance]
 
 
 def case_minimizer(
@@ -274,31 +317,36 @@ def case_minimizer(
     counts: Callable[[Violation], bool] | None = None,
 ) -> CaseMinimizer:
     """A case's minimizer: each candidate run (`runner`, by default `run_case` on the built-in
-    models) and diagnosed; a candidate ambiguous for the scripted draft is skipped unrun."""
+    models) and judged (`Glancer`); a candidate ambiguous for the scripted draft is skipped unrun."""
     if runner is None:
         factory = factory or load_decoder(decoder_spec)
         runner = lambda c: run_case(decoder_spec, c, factory=factory)  # noqa: E731
     check_ambiguity = case.draft == "scripted" and not _ambiguous(case)
     return Minimizer(
         case,
-        lambda c: diagnose(runner(c)),
-        lambda d: None if d.passed else failure_class(d),
+        Glancer(runner, counts),
+        lambda g: g.failure,
         budget=budget,
         admissible=lambda c: not (check_ambiguity and _ambiguous(c)),
-        counts=lambda d: counts is None or any(counts(v) for v in d.violations),
+        counts=lambda g: g.counted,
     )
 
 
-def failure_class(d: Diagnosis) -> tuple[str | None, ...]:
+def failure_class(d: Diagnosis) -> FailureClass | None:
+    """A diagnosis's failure class (`class_of` its first violation), None when it passed."""
+    return None if d.first is None else class_of(d.first_check, d.signature, d.first)
+
+
+def class_of(check: str | None, signature: str | None, first: Violation) -> FailureClass:
     """(first violated check, signature); for a contract break also the rule broken, so a
     decoder that crashes does not stand in for one that overruns max_new_tokens. An invariant's
     kv-drift is signed bonus once the case has one row (`specaudit.checks.registry.decided`): the
     same failure, so shrinking a batch to that one row keeps its class."""
-    if d.first_check == "contract" and d.first is not None:
-        return d.first_check, d.signature, d.first.rule
-    if d.first_check in ("I1", "I2") and d.signature == "bonus":
-        return d.first_check, "kv-drift"
-    return d.first_check, d.signature
+    if check == "contract":
+        return check, signature, first.rule
+    if check in ("I1", "I2") and signature == "bonus":
+        return check, "kv-drift"
+    return check, signature
 
 
 def _ambiguous(case: Case) -> bool:
@@ -454,11 +502,13 @@ def minimize_case(
                 break
         if m.exhausted or current == before_pass:
             break
+    original, minimized = m.evidence[case].diagnosis, m.evidence[current].diagnosis
+    assert original is not None and minimized is not None  # the original and every case it shrank to reproduce
     return MinimizeResult(
         case,
         current,
-        m.evidence[case],
-        m.evidence[current],
+        original,
+        minimized,
         m.runs,
         m.candidates,
         tuple(steps),

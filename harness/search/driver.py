@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hseed
 from hypothesis import strategies as st
 
-from specaudit.checks.registry import CHECK_ORDER, all_violations
+from specaudit.checks.registry import CHECK_ORDER, violations_in_order
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.violation import Violation
@@ -98,7 +98,7 @@ class _KeepsHanging(BaseException):
 
 
 def first_class(
-    violations: list[Violation], counts: Callable[[Violation], bool] | None, set_aside: set[FailureClass]
+    violations: Iterable[Violation], counts: Callable[[Violation], bool] | None, set_aside: set[FailureClass]
 ) -> FailureClass | None:
     """The class of a run's first counted violation, or None when nothing counts or that class
     is set aside (a case that shows a found failure first is no new one)."""
@@ -247,13 +247,14 @@ def fails(s: _Search, state: _Round, case: Case) -> bool:
         state.shrink_runs += 1
     run = run_case(s.spec, case, factory=s.factory)
     state.hang_waits += state.target is not None and is_hang(run)
-    violations = all_violations(run)
     if state.target is None:
         state.examples += 1
         if s.on_run is not None:
             s.on_run(run)
-        note_hang_again(s, run, violations)
-    found = first_class(violations, s.counts, s.set_aside)
+        note_hang_again(s, run)
+    # While shrinking, a failure only counts at the class's check or before it (`nearer_the_cause`)
+    through = state.target[0] if state.target is not None else None
+    found = first_class(violations_in_order(run, through), s.counts, s.set_aside)
     if found is None or (state.target is not None and not nearer_the_cause(found, state.target)):
         return False  # passing, or failing only in a class set aside or one reported after the one shrunk
     if state.target is None:
@@ -274,9 +275,9 @@ def nearer_the_cause(found: FailureClass, target: FailureClass) -> bool:
     return found[0] != "contract" and CHECK_ORDER.index(found[0]) < CHECK_ORDER.index(target[0])
 
 
-def note_hang_again(s: _Search, run: Run, violations: list[Violation]) -> None:
+def note_hang_again(s: _Search, run: Run) -> None:
     """Count a hang of a class set aside; after `HANG_RERUNS` of them, end the search."""
-    if is_hang(run) and first_class(violations, s.counts, set()) in s.set_aside:
+    if is_hang(run) and first_class(violations_in_order(run), s.counts, set()) in s.set_aside:
         s.hangs_again += 1
         if s.hangs_again >= HANG_RERUNS:
             raise _KeepsHanging
