@@ -34,7 +34,7 @@ test: $(BIN)/specaudit
 	$(BIN)/pytest properties/ tests/ -n auto
 
 # The same without the tests marked slow (the catalogs' and searches' tests, packaging, every
-# test that starts pytest in a fresh interpreter): a developer's loop of about 4 minutes on two
+# test that starts pytest in a fresh interpreter): a developer's loop of about 3 minutes on two
 # cores; CI runs everything (`make test`). bench/results/test_time.md has the figures.
 test-fast: $(BIN)/specaudit
 	$(BIN)/pytest properties/ tests/ -n auto -m "not slow"

@@ -17,6 +17,7 @@ vLLM is imported lazily: this module imports without it.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,13 +70,36 @@ def resolve(target: str) -> tuple[Any, str]:
 @contextmanager
 def planted(mutant: VllmMutant) -> Iterator[VllmMutant]:
     """The bug in place (in this process, so in an in-process engine core) for the block's duration."""
-    owner, attribute = resolve(mutant.target)
-    original = owner.__dict__[attribute] if isinstance(owner, type) else getattr(owner, attribute)
-    setattr(owner, attribute, mutant.make(original))
+    owner, attribute, original = plant(mutant)
     try:
         yield mutant
     finally:
         setattr(owner, attribute, original)
+
+
+def plant(mutant: VllmMutant) -> tuple[Any, str, Any]:
+    """Put the bug in place; (owner, attribute, original) to undo it."""
+    owner, attribute = resolve(mutant.target)
+    original = owner.__dict__[attribute] if isinstance(owner, type) else getattr(owner, attribute)
+    setattr(owner, attribute, mutant.make(original))
+    return owner, attribute, original
+
+
+PLANT_ENV = "SPECAUDIT_VLLM_PLANT"
+"""Names the mutant `plant_from_env` puts in every vLLM process (a served vLLM's engine core included)."""
+
+
+def plant_from_env() -> None:
+    """vLLM's general plugin (entry point `vllm.general_plugins` in pyproject.toml), which vLLM loads
+    once in each of its processes: with `SPECAUDIT_VLLM_PLANT=NAME` set, the mutant NAME is in place
+    for the process's life, so a served vLLM carries it (the black box's negative control, where no
+    in-process patch reaches the server's engine core). Without it, nothing."""
+    name = os.environ.get(PLANT_ENV)
+    if not name:
+        return
+    if name not in BY_NAME:
+        raise ValueError(f"{PLANT_ENV}={name!r} names no planted vLLM bug; known: {', '.join(BY_NAME)}")
+    plant(BY_NAME[name])
 
 
 # ---------------------------------------------------------------------------------------

@@ -562,6 +562,19 @@ def test_planted_vllm_bug_is_caught_with_its_rule(
 
 
 @needs_vllm
+def test_the_plugin_plants_the_named_bug_in_each_vllm_process() -> None:
+    """vLLM's own plugin loading (`load_general_plugins`, run by each of its processes) plants the
+    bug `SPECAUDIT_VLLM_PLANT` names, and nothing without it: how a served vLLM carries a bug."""
+    code = ("import vllm.plugins, vllm.v1.sample.rejection_sampler as r; vllm.plugins.load_general_plugins(); "
+            "print(r.rejection_sample.__module__)")  # fmt: skip
+    for plant, module in (("bonus-from-draft", "specaudit.reference.vllm_mutants"), ("", "vllm.v1.sample")):
+        env = {**os.environ, "SPECAUDIT_VLLM_PLANT": plant}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1].startswith(module), (plant, done.stdout[-500:])
+
+
+@needs_vllm
 def test_a_vllm_paged_reproducer_replays(tmp_path: Path) -> None:
     """`specaudit replay FILE` on a vLLM white-box reproducer runs its workload through vLLM in
     process again (a fresh process: vLLM cannot build a third engine in this one)."""
