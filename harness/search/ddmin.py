@@ -262,7 +262,9 @@ class Minimizer(Generic[C, E]):
         return found is not None and found == self.target and self.counts(e)
 
 
-FailureClass = tuple[str | None, ...]
+SignedClass = tuple[str | None, ...]
+"""(first violated check, signature[, contract rule]): what a case minimizer keeps (`class_of`);
+the search's `driver.FailureClass` is (check, rule)."""
 
 
 @dataclass(frozen=True)
@@ -272,7 +274,7 @@ class Glance:
     runs the decoder again), in full (`diagnosis`) only when it reproduces. The original is
     diagnosed in full: its class is not known before."""
 
-    failure: FailureClass | None  # None: no check failed (up to the class's check)
+    failure: SignedClass | None  # None: no check failed (up to the class's check)
     counted: bool  # a violation that `counts` (every violation by default) is among them
     diagnosis: Diagnosis | None
 
@@ -283,7 +285,7 @@ class Glancer:
 
     def __init__(self, runner: Callable[[Case], Run], counts: Callable[[Violation], bool] | None) -> None:
         self.runner, self.counts = runner, counts
-        self.target: FailureClass | None = None
+        self.target: SignedClass | None = None
 
     def __call__(self, case: Case) -> Glance:
         run = self.runner(case)
@@ -332,12 +334,12 @@ def case_minimizer(
     )
 
 
-def failure_class(d: Diagnosis) -> FailureClass | None:
+def failure_class(d: Diagnosis) -> SignedClass | None:
     """A diagnosis's failure class (`class_of` its first violation), None when it passed."""
     return None if d.first is None else class_of(d.first_check, d.signature, d.first)
 
 
-def class_of(check: str | None, signature: str | None, first: Violation) -> FailureClass:
+def class_of(check: str | None, signature: str | None, first: Violation) -> SignedClass:
     """(first violated check, signature); for a contract break also the rule broken, so a
     decoder that crashes does not stand in for one that overruns max_new_tokens. An invariant's
     kv-drift is signed bonus once the case has one row (`specaudit.checks.registry.decided`): the

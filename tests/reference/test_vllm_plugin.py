@@ -16,14 +16,13 @@ def test_the_plugin_is_declared_for_vllm() -> None:
     assert found == ["specaudit.reference.vllm_mutants:plant_from_env"], found
 
 
-def test_the_plugin_is_inert_without_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("value", [None, ""])
+def test_the_plugin_is_inert_without_its_variable(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
     """Unset or empty, nothing is planted (no vLLM here: planting would import it and fail)."""
-    for value in (None, ""):
-        if value is None:
-            monkeypatch.delenv(PLANT_ENV, raising=False)
-        else:
-            monkeypatch.setenv(PLANT_ENV, value)
-        plant_from_env()
+    monkeypatch.delenv(PLANT_ENV, raising=False)
+    if value is not None:
+        monkeypatch.setenv(PLANT_ENV, value)
+    plant_from_env()
 
 
 def test_an_unknown_bug_name_is_refused_with_the_known_ones(monkeypatch: pytest.MonkeyPatch) -> None:
