@@ -65,7 +65,7 @@ $(VLLM_VENV)/.specaudit-vllm:
 
 vllm-venv: $(VLLM_VENV)/.specaudit-vllm
 
-# Every served model (tiny Llama, SmolLM2-135M) x configuration (control, ngram, draft model, self-draft),
+# Every served model (tiny Llama, SmolLM2-135M) x configuration (control, ngram, draft model, self-draft, disagree),
 # both levels: the black box against a server, the white box in process under drawn workloads.
 audit-vllm: $(VENV)/.real $(VLLM_VENV)/.specaudit-vllm
 	$(BIN)/specaudit audit-vllm --vllm-python $(VLLM_BIN)/python --out specaudit-out/vllm

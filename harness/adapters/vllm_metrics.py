@@ -11,8 +11,10 @@ SPEC_METRICS = {
     "drafts": "vllm:spec_decode_num_drafts_total",
     "drafted": "vllm:spec_decode_num_draft_tokens_total",
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+    "preemptions": "vllm:num_preemptions_total",
 }
-"""The /metrics counters read before and after each audit (summed over their labels)."""
+"""The /metrics counters read before and after each audit (summed over their labels), in
+`SpecCounts`'s field order."""
 
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
@@ -36,18 +38,19 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class SpecCounts:
-    """Speculative-decoding counters of one server: drafting rounds, draft tokens proposed, accepted."""
+    """Counters of one server: drafting rounds, draft tokens proposed, accepted; requests preempted."""
 
     drafts: float = 0.0
     drafted: float = 0.0
     accepted: float = 0.0
+    preemptions: float = 0.0
 
     @classmethod
     def from_metrics(cls, metrics: dict[str, float]) -> SpecCounts:
         return cls(**{key: metrics.get(name, 0.0) for key, name in SPEC_METRICS.items()})
 
     def __sub__(self, other: SpecCounts) -> SpecCounts:
-        return SpecCounts(self.drafts - other.drafts, self.drafted - other.drafted, self.accepted - other.accepted)
+        return SpecCounts(*(getattr(self, key) - getattr(other, key) for key in SPEC_METRICS))
 
     @property
     def acceptance(self) -> float | None:

@@ -110,8 +110,9 @@ def render_markdown(outcomes: Sequence[ConfigurationOutcome], header: str = "") 
     lines = ["# specaudit audit-vllm", ""] + ([header, ""] if header else [])
     lines += [
         "| model | configuration | black box | exact | partial | in flight (overlapped / peak) | drafted | accepted "
-        "| acceptance | startup s | engine s | oracle s | white box | drawn | preempted | acceptance | ragged | s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| acceptance | preempted | startup s | engine s | oracle s | white box | drawn | preempted | drafts verified "
+        "| acceptance | ragged | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         rate = "-" if o.counts.acceptance is None else f"{o.counts.acceptance:.2f}"
@@ -119,7 +120,8 @@ def render_markdown(outcomes: Sequence[ConfigurationOutcome], header: str = "") 
         lines.append(
             f"| {o.model} | {o.configuration} | {verdict} | {o.exact_match:.2f} | {o.partial_match:.2f} | "
             f"{o.overlapped} of {o.requests} / {o.peak_in_flight} | {o.counts.drafted:g} | {o.counts.accepted:g} | "
-            f"{rate} | {o.startup_s:.1f} | {o.engine_s:.1f} | {o.oracle_s:.1f} | {whitebox_cells(o.whitebox)} |"
+            f"{rate} | {o.counts.preemptions:g} | {o.startup_s:.1f} | {o.engine_s:.1f} | {o.oracle_s:.1f} | "
+            f"{whitebox_cells(o.whitebox)} |"
         )
     lines += ["", IN_FLIGHT, "", WHITEBOX_NOTE] + notes_of(outcomes)
     passed = sum(o.all_passed for o in outcomes)
@@ -143,17 +145,20 @@ def notes_of(outcomes: Sequence[ConfigurationOutcome]) -> list[str]:
 
 
 def whitebox_cells(whitebox: dict[str, Any] | None) -> str:
-    """verdict | workloads drawn | preemptions | acceptance | ragged share | seconds."""
+    """verdict | workloads drawn | preemptions | drafts per verifying query (least-most) | acceptance |
+    ragged share | seconds."""
     if whitebox is None:
-        return "- | - | - | - | - | -"
+        return "- | - | - | - | - | - | -"
     a = whitebox.get("acceptance", {})
 
     def show(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f}"
 
+    lengths = sorted(int(n) for n in a.get("lengths", {}))
+    verified = f"{lengths[0]}-{lengths[-1]}" if lengths else "-"
     verdict = "PASS" if whitebox.get("passed") else "FAIL"
-    return (f"{verdict} | {whitebox.get('examples', 0)} | {whitebox.get('preemptions', 0)} | {show(a.get('rate'))} | "
-            f"{show(a.get('ragged_share'))} | {whitebox.get('seconds', 0):.0f}")  # fmt: skip
+    return (f"{verdict} | {whitebox.get('examples', 0)} | {whitebox.get('preemptions', 0)} | {verified} | "
+            f"{show(a.get('rate'))} | {show(a.get('ragged_share'))} | {whitebox.get('seconds', 0):.0f}")  # fmt: skip
 
 
 def write_reports(
@@ -163,6 +168,10 @@ def write_reports(
               f"{settings.max_new_tokens} tokens per configuration, arrivals over {settings.spread:g} s, seed "
               f"{settings.seed}; white box: up to {settings.whitebox_examples} drawn workloads within "
               f"{settings.whitebox_minutes:g} min per configuration; total wall time {wall_s:.0f} s.")  # fmt: skip
+    if settings.plant:
+        header += (
+            f" Planted in every server and white box: `{settings.plant}` (a negative control: both levels should fail)."
+        )
     text = render_markdown(outcomes, header)
     settings.out.mkdir(parents=True, exist_ok=True)
     (settings.out / "report.md").write_text(text)

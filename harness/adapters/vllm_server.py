@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specaudit._moved import forward as _forward
+from specaudit.adapters.vllm_drafts import DRAFTS_ENV
 from specaudit.adapters.vllm_observer import NGRAM
 from specaudit.adapters.vllm_whitebox import SMALL_BLOCK, EngineOptions
 from specaudit.config.settings import VLLM_CONFIGURATIONS
@@ -27,18 +28,27 @@ from specaudit.contracts.errors import UsageError
 
 DRAFT_TOKENS = 4
 SELF_DRAFT_TOKENS = 5
-SERVER_BLOCK = ("--block-size", str(SMALL_BLOCK))  # the black box's server: boundaries every 32 tokens
+SERVER_BLOCKS = 20
+"""The black box's server KV cache, in blocks of 32: 19 after vLLM's null block, 608 tokens, room
+for one request of `--max-model-len 512`; eight requests in flight of up to 122 tokens need 32, so
+vLLM preempts and recomputes requests under the black box too."""
+SERVER_BLOCK = ("--block-size", str(SMALL_BLOCK), "--num-gpu-blocks-override", str(SERVER_BLOCKS))
 WHITEBOX_LENGTH = 128  # max_model_len of the white box's engines: prompts and outputs of up to 48 fit
+DISAGREE = 0.3
+"""The `disagree` configuration's share of wrong drafts: the target drafting for itself, each
+drafted token made wrong with this probability (`adapters.vllm_drafts`), so requests accept
+long runs of different lengths."""
 WHITEBOX = {
     "control": EngineOptions("none", 0, SMALL_BLOCK, 64, 5, True, WHITEBOX_LENGTH),
-    "ngram": EngineOptions("ngram", 3, SMALL_BLOCK, 64, 5, False, WHITEBOX_LENGTH),
-    "draft": EngineOptions("draft", 2, 128, None, None, True, WHITEBOX_LENGTH),
+    "ngram": EngineOptions("ngram", 7, SMALL_BLOCK, 64, 5, False, WHITEBOX_LENGTH),
+    "draft": EngineOptions("draft", 7, 128, None, None, True, WHITEBOX_LENGTH),
     "self-draft": EngineOptions("self-draft", 7, SMALL_BLOCK, 96, 6, False, WHITEBOX_LENGTH),
+    "disagree": EngineOptions("self-draft", 7, SMALL_BLOCK, 64, None, True, WHITEBOX_LENGTH, DISAGREE),
 }
 """The white box's engine per configuration: chunked prefill (64, 96 tokens a step) and
 preemption (5, 6 blocks of 32, one of them vLLM's null block: room for one request of up to 128
 tokens) where the block is small; vLLM's CPU default block (128) and prefix caching with the
-draft model; K 3, 2, 7."""
+draft model; K 7 (vLLM fixes K when it builds the engine; each workload's is drawn from 1 to 7)."""
 
 
 BLACKBOX_LENGTHS = (8, 31, 33, 47, 64, 65, 90)
@@ -75,9 +85,15 @@ def speculative_config(configuration: str, draft: Path, target: Path | None = No
         return dict(NGRAM)
     if configuration == "draft":
         return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": DRAFT_TOKENS}
-    if configuration == "self-draft" and target is not None:
+    if configuration in ("self-draft", "disagree") and target is not None:
         return {"method": "draft_model", "model": str(target), "num_speculative_tokens": SELF_DRAFT_TOKENS}
     raise UsageError(f"unknown configuration {configuration!r}; choose from {', '.join(VLLM_CONFIGURATIONS)}")
+
+
+def server_env(configuration: str) -> dict[str, str]:
+    """The server's environment beyond `SERVER_ENV`: the `disagree` configuration's drafts shaped in
+    its engine core (the `vllm.general_plugins` entry point `adapters.vllm_drafts.shape_from_env`)."""
+    return {DRAFTS_ENV: f"disagree={DISAGREE}"} if configuration == "disagree" else {}
 
 
 def whitebox_options(configuration: str) -> EngineOptions:
@@ -96,6 +112,8 @@ def whitebox_arguments(options: EngineOptions, target: Path, draft: Path) -> lis
         args += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
     if options.kv_blocks is not None:
         args += ["--kv-blocks", str(options.kv_blocks)]
+    if options.disagree:
+        args += ["--disagree", str(options.disagree)]
     return args + (["--prefix-caching"] if options.prefix_caching else [])
 
 

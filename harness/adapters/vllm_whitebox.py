@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from specaudit.adapters.vllm_drafts import DraftShape, drafts_shaped
 from specaudit.checks.registry import PAGED, evaluate
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import Violation
@@ -53,6 +54,7 @@ class EngineOptions:
     kv_blocks: int | None = None  # small: requests are preempted and recomputed
     prefix_caching: bool = False
     max_model_len: int = 512
+    disagree: float = 0.0  # share of drafted tokens made wrong (`adapters.vllm_drafts`): ragged acceptance
 
     def __post_init__(self) -> None:
         if self.kv_blocks is not None and self.kv_blocks * self.block_size < self.max_model_len:
@@ -103,10 +105,12 @@ class PlannedRequest:
 
 @dataclass(frozen=True)
 class Workload:
-    """Requests (`r0`, `r1`, ... unless named) and the stop token they share (None: EOS ignored)."""
+    """Requests (`r0`, `r1`, ... unless named), the stop token they share (None: EOS ignored), and
+    the drafts a request verifies a step at most (None: the engine's K)."""
 
     requests: tuple[PlannedRequest, ...]
     eos: int | None = None
+    k: int | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -122,6 +126,7 @@ class Workload:
             "aborts": {rid: r.abort for rid, r in pairs if r.abort is not None},
             "max_tokens": {rid: r.max_tokens for rid, r in pairs},
             "eos": self.eos,
+            "k": self.k,
         }
 
     @classmethod
@@ -138,7 +143,7 @@ class Workload:
             )
             for rid, prompt in payload["prompts"].items()
         )
-        return cls(requests, payload.get("eos"))
+        return cls(requests, payload.get("eos"), payload.get("k"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -156,8 +161,9 @@ class Observed:
     left: dict[str, int]  # request -> the step after which it finished or was aborted
 
 
-def run_workload(llm: Any, workload: Workload, max_steps: int = 600) -> Observed:
-    """The workload step by step through an in-process `vllm.LLM`, every target forward observed."""
+def run_workload(llm: Any, workload: Workload, disagree: float = 0.0, max_steps: int = 600) -> Observed:
+    """The workload step by step through an in-process `vllm.LLM`, every target forward observed,
+    the drafts shaped (the workload's K, `disagree` of them wrong)."""
     from vllm import SamplingParams
 
     from specaudit.adapters.vllm_observer import VllmObserver
@@ -168,12 +174,14 @@ def run_workload(llm: Any, workload: Workload, max_steps: int = 600) -> Observed
         # the drawn EOS is the only stop: the model's own EOS id would end a request the oracle continues
         return SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True, stop_token_ids=[workload.eos])
 
+    forget_cached_prefixes(llm)
     due = [(r.arrival, rid, r.prompt, params(r)) for rid, r in zip(workload.ids, workload.requests)]
     aborts = {rid: r.abort for rid, r in zip(workload.ids, workload.requests) if r.abort is not None}
     observer = VllmObserver(llm)
     try:
         try:
-            observer.run(due, aborts=aborts, max_steps=max_steps)
+            with drafts_shaped(DraftShape(disagree, workload.k)):
+                observer.run(due, aborts=aborts, max_steps=max_steps)
         except RuntimeError:  # not finished within max_steps: the liveness check says which request
             pass
         ended = {r for r, why in observer.finish.items() if why in ("stop", "length")}
@@ -181,6 +189,14 @@ def run_workload(llm: Any, workload: Workload, max_steps: int = 600) -> Observed
                         frozenset(observer.aborted - ended), dict(observer.left))  # fmt: skip
     finally:
         observer.close()
+
+
+def forget_cached_prefixes(llm: Any) -> None:
+    """Each workload starts from an empty prefix cache, as its reproducer does in a fresh engine: a
+    hit on blocks an earlier workload wrote lies outside this workload's trace (its K/V provenance
+    unseen), and would make the verdict depend on what was drawn before."""
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM did not reset its prefix cache: an earlier workload's requests still hold blocks")
 
 
 def output_record(observed: Observed, workload: Workload, target: torch.nn.Module) -> Any:
@@ -222,6 +238,7 @@ class Acceptance:
     verify_steps: int = 0  # forwards where at least one request verified drafts
     shared_steps: int = 0  # ... where at least two did
     ragged_steps: int = 0  # ... and accepted different counts
+    lengths: dict[int, int] = field(default_factory=dict)  # drafts verified in one query -> how many queries
 
     @property
     def rate(self) -> float | None:
@@ -234,14 +251,16 @@ class Acceptance:
     def add(self, other: Acceptance) -> None:
         for name in ("drafted", "accepted", "verify_steps", "shared_steps", "ragged_steps"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        for length, n in other.lengths.items():
+            self.lengths[length] = self.lengths.get(length, 0) + n
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"rate": self.rate, "ragged_share": self.ragged_share}
 
 
 def acceptance(trace: PagedTrace) -> Acceptance:
-    """Per target forward, each request's drafts (query tokens past its committed length) and
-    how many of them the step committed."""
+    """Per target forward, each request's drafts (query tokens past its committed length), how
+    many of them the step committed, and how many queries verified each number of drafts."""
     out = Acceptance()
     for call in trace.calls:
         counts = []
@@ -253,6 +272,7 @@ def acceptance(trace: PagedTrace) -> Acceptance:
                 new = len(trace.committed(rid, call.step)) - before
                 counts.append(min(max(new - 1, 0), drafts))
                 out.drafted += drafts
+                out.lengths[drafts] = out.lengths.get(drafts, 0) + 1
         out.accepted += sum(counts)
         out.verify_steps += bool(counts)
         out.shared_steps += len(counts) >= 2
@@ -286,13 +306,14 @@ class Shape:
     max_tokens: int
     eos_choices: tuple[int, ...] = ()
     max_requests: int = 5
+    max_k: int = 0  # the workload's K drawn from 1..max_k (0: no speculation, nothing drawn)
 
 
 def workloads(shape: Shape) -> Any:
     """A Hypothesis strategy of `Workload`s: prompts from repeated motifs (ngram finds drafts),
     some a duplicate of an earlier one or an earlier one with a new tail (shared prefixes), lengths
-    up to past a block boundary, staggered arrivals, aborts, `max_tokens` per request, and a stop
-    token among the model's likely ones or none."""
+    up to past a block boundary, staggered arrivals, aborts, `max_tokens` per request, a stop token
+    among the model's likely ones or none, and K."""
     from hypothesis import strategies as st
 
     @st.composite
@@ -306,7 +327,7 @@ def workloads(shape: Shape) -> Any:
             abort = draw(st.none() | st.integers(arrival + 1, arrival + 12))
             planned.append(PlannedRequest(prompt, arrival, draw(st.integers(1, shape.max_tokens)), abort))
         eos = draw(st.none() | st.sampled_from(shape.eos_choices)) if shape.eos_choices else None
-        return Workload(tuple(planned), eos)
+        return Workload(tuple(planned), eos, draw(st.integers(1, shape.max_k)) if shape.max_k else None)
 
     return draw_workload()
 
@@ -362,7 +383,10 @@ class WhiteBoxResult:
         a = self.acceptance
         rate = "-" if a.rate is None else f"{a.rate:.2f}"
         ragged = "-" if a.ragged_share is None else f"{a.ragged_share:.2f}"
-        head = f"white box ({self.options.method}, K {self.options.k}): {self.examples} workloads drawn, "
+        o, lengths = self.options, sorted(a.lengths)
+        wrong = f", {o.disagree:g} of drafts wrong" if o.disagree else ""
+        verified = f", {lengths[0]}-{lengths[-1]} drafts verified a query" if lengths else ""
+        head = f"white box ({o.method}, K {o.k}{wrong}{verified}): {self.examples} workloads drawn, "
         lines = [head + f"{self.preemptions} preemptions, acceptance {rate}, ragged {ragged}, {self.seconds:.0f} s"]
         lines += [v.render() for v in self.violations[:10]]
         lines.append(f"{len(self.violations)} violation(s)" if self.violations else "no paged or output rule broken")
@@ -399,7 +423,7 @@ class Probe:
     latest: _Failed | None = None  # the smallest failing workload so far
 
     def judge_workload(self, workload: Workload) -> list[Violation]:
-        observed = run_workload(self.llm, workload)
+        observed = run_workload(self.llm, workload, self.result.options.disagree)
         record = output_record(observed, workload, self.target)
         oracle = oracle_from(self.target, workload.eos)
         run = PagedRun(observed.trace, record=record, reference=self.reference, dtype="float32", oracle_from=oracle)
@@ -500,7 +524,7 @@ def observe_in_process(model: str, draft: str | None, payload: dict[str, Any]) -
     target = load_target(path)
     workload = Workload.from_payload(payload)
     subject = {"model": path, "draft": draft_path, "speculative": options.method}
-    observed = run_workload(llm, workload)
+    observed = run_workload(llm, workload, options.disagree)
     record = output_record(observed, workload, target)
     reference = hf_kv_reference(path, observed.trace.kv_layers)
     run = PagedRun(observed.trace, record=record, reference=reference, dtype="float32",

@@ -35,6 +35,7 @@ from specaudit.adapters.vllm_models import model_directories
 from specaudit.adapters.vllm_report import ConfigurationOutcome, from_report, write_reports
 from specaudit.adapters.vllm_server import (
     SERVER_BLOCK,
+    server_env,
     speculative_config,
     whitebox_arguments,
     whitebox_options,
@@ -45,6 +46,7 @@ from specaudit.commands.blackbox import run_blackbox
 from specaudit.config.settings import BlackboxSettings, VllmAuditSettings
 from specaudit.contracts.errors import UsageError
 from specaudit.models.pretrained import cache_dir
+from specaudit.reference.vllm_mutants import BY_NAME, PLANT_ENV
 
 WHITEBOX_STARTUP_S = 240.0  # building the engine and the model before the budget starts
 WHITEBOX_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **SERVER_ENV}
@@ -73,7 +75,8 @@ def blackbox_configuration(
     say(f"{model} / {configuration}: starting vLLM on {url} (log {out / 'server.log'})")
     command = server_command(settings.python, target, port, spec) + list(SERVER_BLOCK)
     try:
-        with serving(command, url, out / "server.log", settings.health_timeout_s, SERVER_ENV) as server:
+        env = {**SERVER_ENV, **server_env(configuration), **({PLANT_ENV: settings.plant} if settings.plant else {})}
+        with serving(command, url, out / "server.log", settings.health_timeout_s, env) as server:
             startup = time.monotonic() - start
             say(f"{model} / {configuration}: healthy after {startup:.1f} s (pid {server.pid}); auditing")
             before = fetch_counts(url)
@@ -106,7 +109,8 @@ def whitebox_configuration(
     command = [settings.python, "-m", "specaudit", "whitebox-vllm",
                *whitebox_arguments(whitebox_options(configuration), target, draft),
                "--examples", str(settings.whitebox_examples), "--minutes", str(settings.whitebox_minutes),
-               "--seed", str(settings.seed), "--json", str(result), "--out", str(out)]  # fmt: skip
+               "--seed", str(settings.seed), "--json", str(result), "--out", str(out),
+               *(["--mutant", settings.plant] if settings.plant else [])]  # fmt: skip
     say(f"{model} / {configuration}: white box, up to {settings.whitebox_examples} drawn workloads")
     timeout = WHITEBOX_STARTUP_S + 60.0 * settings.whitebox_minutes * 2
     out.mkdir(parents=True, exist_ok=True)
@@ -128,6 +132,8 @@ def run_audit_vllm(settings: VllmAuditSettings, say: Callable[[str], None] | Non
     """Every model x configuration in turn, both levels; write report.md and report.json; exit 0
     only if all pass."""
     say = say or (lambda text: print(f"specaudit: {text}", file=sys.stderr, flush=True))
+    if settings.plant is not None and settings.plant not in BY_NAME:
+        raise UsageError(f"--plant {settings.plant!r} names no planted vLLM bug; known: {', '.join(BY_NAME)}")
     version = check_python(settings.python)
     root = settings.cache or cache_dir() / "vllm"
     outcomes: list[ConfigurationOutcome] = []

@@ -468,6 +468,7 @@ def vllm_settings(args: argparse.Namespace) -> VllmAuditSettings:
         out=args.out,
         whitebox_examples=args.whitebox_examples,
         whitebox_minutes=args.whitebox_minutes,
+        plant=args.plant,
     )
 
 
@@ -481,12 +482,15 @@ def cmd_audit_vllm(args: argparse.Namespace) -> int:
 def add_vllm(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "audit-vllm",
-        help="start a vLLM server per speculative configuration and audit it black-box (output level only)",
+        help="vLLM per served model and speculative configuration at both levels: a server black-box, the engine "
+        "white-box under drawn workloads",
         description="For each served model and configuration (control: no speculation; ngram; draft: a draft "
-        "model), start vLLM's OpenAI-compatible server from the vLLM venv on 127.0.0.1, wait for /health, send "
-        "staggered token-id requests (specaudit blackbox), compare each with the batch-size-1 greedy oracle, read "
-        "drafted/accepted tokens from /metrics, and stop the server. Writes DIR/report.md and DIR/report.json. "
-        "Exit 0 only when every configuration passes.",
+        "model; self-draft: the target as its own draft; disagree: the same with a share of its drafts wrong), "
+        "start vLLM's OpenAI-compatible server from the vLLM venv on 127.0.0.1, wait for /health, send staggered "
+        "token-id requests (specaudit blackbox), compare each with the batch-size-1 greedy oracle, read "
+        "drafted/accepted tokens from /metrics, and stop the server; then the white box (whitebox-vllm) on an "
+        "in-process engine with the configuration's settings. Writes DIR/report.md and DIR/report.json. Exit 0 "
+        "only when every configuration passes at both levels.",
     )
     parser.add_argument(
         "--vllm-python",
@@ -512,6 +516,9 @@ def add_vllm(sub: argparse._SubParsersAction) -> None:
                         help=f"workloads {wb} draws per configuration (0: black box only)")  # fmt: skip
     parser.add_argument("--whitebox-minutes", type=float, default=2.0, metavar="M",
                         help=f"{wb}'s budget per configuration, drawing and shrinking")  # fmt: skip
+    parser.add_argument("--plant", metavar="NAME",
+                        help="a planted vLLM bug (specaudit.reference.vllm_mutants) in every server and white box: "
+                        "the negative control, so both levels should fail")  # fmt: skip
     parser.set_defaults(func=cmd_audit_vllm)
 
 
@@ -552,7 +559,7 @@ def cmd_whitebox_vllm(args: argparse.Namespace) -> int:
     from specaudit.commands.whitebox_vllm import WhiteboxSettings, run_whitebox
 
     options = EngineOptions(args.method, args.k, args.block_size, args.max_num_batched_tokens, args.kv_blocks,
-                            args.prefix_caching, args.max_model_len)  # fmt: skip
+                            args.prefix_caching, args.max_model_len, args.disagree)  # fmt: skip
     return run_whitebox(WhiteboxSettings(args.model, args.json, args.draft, options, args.max_prompt, args.max_tokens,
                                          args.examples, args.minutes, args.seed, args.mutant, args.out))  # fmt: skip
 
@@ -570,7 +577,8 @@ def add_whitebox_vllm(sub: argparse._SubParsersAction) -> None:
     add("--model", required=True, help="the target's directory")
     add("--draft", help="the draft model's directory (method draft)")
     add("--method", default="ngram", choices=["ngram", "draft", "self-draft", "none"])
-    add("--k", type=int, default=3, help="draft tokens per step (1..7)")
+    add("--k", type=int, default=3, help="the engine's draft tokens per step; each workload's drawn from 1..K")
+    add("--disagree", type=float, default=0.0, metavar="RATE", help="share of drafted tokens made wrong (0..1)")
     add("--block-size", type=int, default=32)
     add("--max-num-batched-tokens", type=int, help="small: chunked prefill")
     add("--kv-blocks", type=int, help="small: preemption")

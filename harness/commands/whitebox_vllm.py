@@ -58,7 +58,7 @@ def run(settings: WhiteboxSettings) -> WhiteBoxResult:
     layers = probe.shadow.layers if probe.shadow is not None else ()
     probe.close()
     shape = Shape(int(target.config.vocab_size), options.block_size, settings.max_prompt, settings.max_tokens,
-                  likely_tokens(target, STOP_PROMPTS))  # fmt: skip
+                  likely_tokens(target, STOP_PROMPTS), max_k=0 if options.method == "none" else options.k)  # fmt: skip
     subject = {"model": settings.model, "draft": settings.draft, "speculative": options.method}
     result = WhiteBoxResult(subject, options)
     reference = hf_kv_reference(settings.model, layers)

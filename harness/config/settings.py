@@ -205,7 +205,7 @@ class BlackboxSettings:
 
 
 VLLM_DEFAULT_PYTHON = ".venv-vllm/bin/python"
-VLLM_CONFIGURATIONS = ("control", "ngram", "draft", "self-draft")
+VLLM_CONFIGURATIONS = ("control", "ngram", "draft", "self-draft", "disagree")
 VLLM_MODEL_NAMES = ("tiny", "smollm2")
 
 
@@ -226,6 +226,7 @@ class VllmAuditSettings:
     cache: Path | None = None
     whitebox_examples: int = 6  # workloads the white box draws per configuration (0: black box only)
     whitebox_minutes: float = 2.0  # the white box's budget per configuration, drawing and shrinking
+    plant: str | None = None  # a planted vLLM bug in every server and white box (a negative control)
 
     def __post_init__(self) -> None:
         bad = [m for m in self.models if m not in VLLM_MODEL_NAMES] + [

@@ -275,6 +275,7 @@ def test_acceptance_and_ragged_share_are_counted_per_verify_step() -> None:
     assert (found.drafted, found.accepted) == (24, 14), found
     assert (found.verify_steps, found.shared_steps, found.ragged_steps) == (5, 3, 3), found
     assert found.ragged_share == 1.0 and abs(found.rate - 14 / 24) < 1e-9
+    assert found.lengths == {3: 8}, found.lengths  # eight verifying queries, three drafts each
 
 
 def test_workload_payload_round_trips_and_old_payloads_load() -> None:
@@ -572,6 +573,63 @@ def test_the_plugin_plants_the_named_bug_in_each_vllm_process() -> None:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip().splitlines()[-1].startswith(module), (plant, done.stdout[-500:])
+
+
+@needs_vllm
+def test_the_plugin_shapes_the_drafts_of_each_vllm_process() -> None:
+    """`SPECAUDIT_VLLM_DRAFTS` puts its shape on the scheduler of each process that loads vLLM's
+    plugins (a served vLLM's engine core included), and nothing without it."""
+    code = ("import vllm.plugins; from vllm.v1.core.sched.scheduler import Scheduler as S; "
+            "vllm.plugins.load_general_plugins(); print(S.update_draft_token_ids.__module__)")  # fmt: skip
+    for shape, module in (("disagree=0.3", "specaudit.adapters.vllm_drafts"), ("", "vllm.v1.core.sched.scheduler")):
+        env = {**os.environ, "SPECAUDIT_VLLM_DRAFTS": shape}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == module, (shape, done.stdout[-500:])
+
+
+REPEATED = """
+import os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from specaudit.adapters.vllm_observer import build_llm
+from specaudit.adapters.vllm_whitebox import EngineOptions, PlannedRequest, Workload, run_workload
+from specaudit.checks.paged import check_paged
+options = EngineOptions("ngram", 3, 32, 64, None, True, 128)
+llm = build_llm(sys.argv[1], options.speculative(sys.argv[1], None), **options.engine_args())
+workload = Workload((PlannedRequest((20, 46, 4, 4) * 9, 0, 4),))
+for run in range(2):
+    found = check_paged(run_workload(llm, workload).trace)
+    print("RUN", run, [v.render() for v in found[:2]])
+"""
+
+
+@needs_vllm
+def test_a_workload_drawn_again_on_the_same_engine_is_judged_alone(tmp_path: Path) -> None:
+    """With prefix caching, a workload's prompt drawn a second time on the same engine would hit
+    the blocks the first run wrote, outside the second run's trace (its K/V provenance unseen):
+    each workload starts from an empty prefix cache, as its reproducer does in a fresh engine."""
+    model = tiny_llama(tmp_path / "target", layers=2, seed=0)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, "-c", REPEATED, str(model)], capture_output=True, text=True, env=env,
+                          timeout=600)  # fmt: skip
+    runs = [line for line in done.stdout.splitlines() if line.startswith("RUN")]
+    assert runs == ["RUN 0 []", "RUN 1 []"], done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@needs_vllm
+def test_drafts_made_wrong_at_a_rate_make_acceptance_ragged(tmp_path: Path) -> None:
+    """The target drafting for itself with 0.3 of its drafts made wrong, each workload's K drawn
+    from 1 to 7: unpatched vLLM passes every rule; a share of the drafts is accepted, far from all
+    (self-draft alone: about 0.9) and from none; requests verifying together accept different
+    counts; and queries verify drafts of several lengths."""
+    model = tiny_llama(tmp_path / "target", layers=2, seed=0)
+    args = ["--model", str(model), "--method", "self-draft", "--k", "7", "--disagree", "0.3", "--block-size", "32",
+            "--max-model-len", "128", "--examples", "6", "--minutes", "2"]  # fmt: skip
+    found = whitebox(args, tmp_path, "disagree")
+    assert found["passed"], found["violations"][:3]
+    a = found["acceptance"]
+    assert 0.1 < a["rate"] < 0.8 and a["ragged_share"] > 0.05, a
+    assert len(a["lengths"]) >= 3 and min(map(int, a["lengths"])) >= 1 and max(map(int, a["lengths"])) <= 7, a
 
 
 @needs_vllm

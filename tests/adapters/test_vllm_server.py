@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.adapters.vllm_lifecycle import ServerError, check_python, free_port, server_command, serving
+from specaudit.adapters.vllm_drafts import DRAFTS_ENV
+from specaudit.adapters.vllm_lifecycle import SERVER_ARGS, ServerError, check_python, free_port, server_command, serving
 from specaudit.adapters.vllm_metrics import SpecCounts, parse_metrics
 from specaudit.adapters.vllm_report import (
     NOTHING_ACCEPTED,
@@ -26,8 +27,17 @@ from specaudit.adapters.vllm_report import (
     render_markdown,
     write_reports,
 )
-from specaudit.adapters.vllm_server import WHITEBOX, boundary_prompts, speculative_config, whitebox_arguments
-from specaudit.config.settings import VllmAuditSettings
+from specaudit.adapters.vllm_server import (
+    BLACKBOX_LENGTHS,
+    DISAGREE,
+    SERVER_BLOCK,
+    WHITEBOX,
+    boundary_prompts,
+    server_env,
+    speculative_config,
+    whitebox_arguments,
+)
+from specaudit.config.settings import VLLM_CONFIGURATIONS, VllmAuditSettings
 from specaudit.contracts.errors import UsageError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -84,9 +94,12 @@ def assert_gone(pids: list[int], where: str) -> None:
 def test_metrics_counts_from_a_real_vllm_sample() -> None:
     before = SpecCounts.from_metrics(parse_metrics((DATA / "vllm_metrics_before.txt").read_text()))
     after = SpecCounts.from_metrics(parse_metrics((DATA / "vllm_metrics_after.txt").read_text()))
-    assert before == SpecCounts(0.0, 0.0, 0.0), f"fresh server counts {before}, should be all zero"
+    assert before == SpecCounts(0.0, 0.0, 0.0, 0.0), f"fresh server counts {before}, should be all zero"
     delta = after - before
-    assert delta == SpecCounts(22.0, 88.0, 9.0), f"counts {delta}, should be 22 drafts, 88 drafted, 9 accepted"
+    want = SpecCounts(22.0, 88.0, 9.0, 0.0)
+    assert delta == want, f"counts {delta}, should be 22 drafts, 88 drafted, 9 accepted, no preemption"
+    preempted = parse_metrics('vllm:num_preemptions_total{engine="0"} 3.0\n')
+    assert SpecCounts.from_metrics(preempted).preemptions == 3.0, preempted
     assert delta.acceptance == pytest.approx(9 / 88), f"acceptance {delta.acceptance}, should be 9/88"
 
 
@@ -126,7 +139,7 @@ def outcome(
 
 
 def whitebox(passed: bool = True, ragged: float | None = 0.3) -> dict:
-    acceptance = {"rate": 0.9, "ragged_share": ragged}
+    acceptance = {"rate": 0.9, "ragged_share": ragged, "lengths": {"7": 4, "1": 9, "3": 2}}
     warnings = [] if ragged is not None and ragged >= 0.05 else ["ragged acceptance 0.00 (below 0.05)"]
     violations = [] if passed else [{"check": "contract", "rule": "max-new-tokens", "found": "7 tokens for 2"}]
     return {"passed": passed, "examples": 6, "preemptions": 3, "acceptance": acceptance, "seconds": 40.0,
@@ -152,12 +165,13 @@ def test_report_shows_failures_and_errors() -> None:
 
 
 def test_report_shows_the_white_box_per_configuration() -> None:
-    """Each row carries the white box's verdict, workloads drawn, preemptions, acceptance and
-    ragged share; a failing white box fails the configuration, a low ragged share is flagged."""
+    """Each row carries the white box's verdict, workloads drawn, preemptions, the drafts a query
+    verified (least-most), acceptance and ragged share; a failing white box fails the
+    configuration, a low ragged share is flagged."""
     rows = [outcome("ngram", 3, whitebox=whitebox()), outcome("draft", 3, whitebox=whitebox(False, None))]
     text = render_markdown(rows)
-    assert "| PASS | 6 | 3 | 0.90 | 0.30 | 40 |" in text, f"white-box cells missing:\n{text}"
-    assert "| FAIL | 6 | 3 | 0.90 | - | 40 |" in text, f"failing white box not shown:\n{text}"
+    assert "| PASS | 6 | 3 | 1-7 | 0.90 | 0.30 | 40 |" in text, f"white-box cells missing:\n{text}"
+    assert "| FAIL | 6 | 3 | 1-7 | 0.90 | - | 40 |" in text, f"failing white box not shown:\n{text}"
     assert "white box FAIL: contract/max-new-tokens" in text and "out/vllm_paged.json" in text, text
     assert "white box: ragged acceptance" in text, f"the low ragged share is not flagged:\n{text}"
     assert "1 of 2 configurations passed (both levels)." in text, f"summary wrong:\n{text}"
@@ -167,7 +181,8 @@ def test_report_shows_the_white_box_per_configuration() -> None:
 def test_json_outcome_carries_warnings_and_counts() -> None:
     data = outcome("ngram", 0).to_json()
     assert data["warnings"] == [NOTHING_ACCEPTED], f"json warnings {data['warnings']}, should be the nothing-accepted"
-    assert data["counts"] == {"drafts": 10, "drafted": 40.0, "accepted": 0, "acceptance": 0.0}, f"{data['counts']}"
+    want = {"drafts": 10, "drafted": 40.0, "accepted": 0, "preemptions": 0.0, "acceptance": 0.0}
+    assert data["counts"] == want, f"{data['counts']}"
 
 
 def test_reports_written_with_version_and_verdicts(tmp_path: Path) -> None:
@@ -218,6 +233,20 @@ def test_server_command_per_configuration(tmp_path: Path) -> None:
         speculative_config("eagle", tmp_path)
     own = speculative_config("self-draft", tmp_path / "d", tmp_path / "t")
     assert own == {"method": "draft_model", "model": str(tmp_path / "t"), "num_speculative_tokens": 5}, own
+    assert speculative_config("disagree", tmp_path / "d", tmp_path / "t") == own  # its drafts shaped by the plugin
+
+
+def test_the_blackbox_server_cache_holds_one_longest_request_but_not_all_in_flight() -> None:
+    """`--num-gpu-blocks-override`: vLLM refuses a cache below `--max-model-len` (one block is its null
+    block); eight requests in flight of the longest prompt plus the default tokens overflow it, so
+    the black box's server preempts and recomputes requests."""
+    blocks = int(SERVER_BLOCK[SERVER_BLOCK.index("--num-gpu-blocks-override") + 1])
+    size = int(SERVER_BLOCK[SERVER_BLOCK.index("--block-size") + 1])
+    length = int(SERVER_ARGS[SERVER_ARGS.index("--max-model-len") + 1])
+    assert (blocks - 1) * size >= length, f"{blocks} blocks of {size} cannot hold one request of {length}"
+    in_flight = int(SERVER_ARGS[SERVER_ARGS.index("--max-num-seqs") + 1])
+    longest = max(BLACKBOX_LENGTHS) + VllmAuditSettings().max_new_tokens
+    assert in_flight * -(-longest // size) > blocks - 1, "the black box's server never runs out of blocks"
 
 
 def test_blackbox_prompts_sit_on_both_sides_of_block_boundaries() -> None:
@@ -233,18 +262,25 @@ def test_blackbox_prompts_sit_on_both_sides_of_block_boundaries() -> None:
 
 def test_whitebox_configurations_cover_the_layouts_hard_paths(tmp_path: Path) -> None:
     """Together the white box's engines take small blocks and the default, chunked prefill, a KV
-    cache small enough to preempt, prefix caching on and off, K from 2 to 7, every drafter."""
+    cache small enough to preempt, prefix caching on and off, K 7 (each workload's drawn from 1 to
+    7), every drafter, and the target drafting for itself with a share of its drafts made wrong."""
     options = list(WHITEBOX.values())
     assert {o.block_size for o in options} == {32, 128} and {o.prefix_caching for o in options} == {True, False}
     assert any(o.kv_blocks for o in options) and any(o.max_num_batched_tokens for o in options)
-    assert {o.method for o in options} == {"none", "ngram", "draft", "self-draft"}
-    assert max(o.k for o in options) == 7
+    assert {o.method for o in options} == {"none", "ngram", "draft", "self-draft"} and set(WHITEBOX) == set(
+        VLLM_CONFIGURATIONS
+    )
+    assert {o.k for o in options if o.method != "none"} == {7}
+    assert [o.disagree for o in options if o.disagree] == [DISAGREE] and 0.1 <= DISAGREE <= 0.5
     for o in options:
         if o.kv_blocks is not None:
             room = (o.kv_blocks - 1) * o.block_size  # vLLM keeps one block aside (its null block)
             assert room >= o.max_model_len, f"{o}: vLLM refuses a cache below max_model_len"
     args = whitebox_arguments(WHITEBOX["draft"], tmp_path / "t", tmp_path / "d")
     assert args[args.index("--draft") + 1] == str(tmp_path / "d") and "--prefix-caching" in args, args
+    args = whitebox_arguments(WHITEBOX["disagree"], tmp_path / "t", tmp_path / "d")
+    assert args[args.index("--disagree") + 1] == str(DISAGREE) and "--draft" not in args, args
+    assert server_env("disagree") == {DRAFTS_ENV: f"disagree={DISAGREE}"} and server_env("self-draft") == {}
 
 
 def test_settings_and_python_are_checked(tmp_path: Path) -> None:

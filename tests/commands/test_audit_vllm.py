@@ -6,9 +6,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from specaudit.adapters.vllm_report import ConfigurationOutcome, render_markdown
-from specaudit.commands.audit_vllm import whitebox_configuration
+from specaudit.commands.audit_vllm import run_audit_vllm, whitebox_configuration
 from specaudit.config.settings import VllmAuditSettings
+from specaudit.contracts.errors import UsageError
 
 
 def test_a_white_box_that_leaves_no_result_fails_its_configuration(tmp_path: Path) -> None:
@@ -21,7 +24,7 @@ def test_a_white_box_that_leaves_no_result_fails_its_configuration(tmp_path: Pat
     assert (tmp_path / "tiny-ngram" / "whitebox.log").read_text(), "the white box's output is not kept"
     assert said and "white box" in said[0], said
     outcome = ConfigurationOutcome("tiny", "ngram", {}, True, "exact", whitebox=found)
-    assert not outcome.all_passed and "| FAIL | 0 | 0 | - | - | 0 |" in render_markdown([outcome])
+    assert not outcome.all_passed and "| FAIL | 0 | 0 | - | - | - | 0 |" in render_markdown([outcome])
 
 
 def test_the_white_box_command_line_names_the_configurations_engine(tmp_path: Path, monkeypatch) -> None:
@@ -37,3 +40,17 @@ def test_the_white_box_command_line_names_the_configurations_engine(tmp_path: Pa
         assert main(["whitebox-vllm", *args, "--json", str(tmp_path / "x")]) == 0
         assert seen[-1].options == options, f"{name}: the white box would run another engine than it names"
         assert seen[-1].draft == (str(tmp_path / "d") if options.method == "draft" else None)
+
+
+def test_a_planted_bug_reaches_the_white_box_and_an_unknown_one_is_refused(tmp_path: Path) -> None:
+    """`--plant NAME`: the white box's process is told to plant it (the servers get it through the
+    vLLM plugin's variable); a name the catalog lacks is refused before anything starts."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "argv"}\n')
+    python.chmod(0o755)
+    settings = VllmAuditSettings(python=str(python), models=("tiny",), out=tmp_path, plant="bonus-from-draft")
+    whitebox_configuration(settings, "tiny", "draft", tmp_path / "target", tmp_path / "draft", lambda _: None)
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv[argv.index("--mutant") + 1] == "bonus-from-draft", argv
+    with pytest.raises(UsageError, match="names no planted vLLM bug; known: positions-after-rejection"):
+        run_audit_vllm(VllmAuditSettings(python=str(python), plant="nope"))
