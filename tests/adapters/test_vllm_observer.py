@@ -562,30 +562,29 @@ def test_planted_vllm_bug_is_caught_with_its_rule(
     assert bool(output_diverges(trace, oracle)) == mutant.output_visible, output_diverges(trace, oracle)
 
 
-@needs_vllm
-def test_the_plugin_plants_the_named_bug_in_each_vllm_process() -> None:
-    """vLLM's own plugin loading (`load_general_plugins`, run by each of its processes) plants the
-    bug `SPECAUDIT_VLLM_PLANT` names, and nothing without it: how a served vLLM carries a bug."""
-    code = ("import vllm.plugins, vllm.v1.sample.rejection_sampler as r; vllm.plugins.load_general_plugins(); "
-            "print(r.rejection_sample.__module__)")  # fmt: skip
-    for plant, module in (("bonus-from-draft", "specaudit.reference.vllm_mutants"), ("", "vllm.v1.sample")):
-        env = {**os.environ, "SPECAUDIT_VLLM_PLANT": plant}
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert done.stdout.strip().splitlines()[-1].startswith(module), (plant, done.stdout[-500:])
+PLUGINS = [
+    ("SPECAUDIT_VLLM_PLANT", "bonus-from-draft", "vllm.v1.sample.rejection_sampler", "rejection_sample",
+     "specaudit.reference.vllm_mutants"),
+    ("SPECAUDIT_VLLM_DRAFTS", "disagree=0.3", "vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids",
+     "specaudit.adapters.vllm_drafts"),
+]  # fmt: skip
 
 
 @needs_vllm
-def test_the_plugin_shapes_the_drafts_of_each_vllm_process() -> None:
-    """`SPECAUDIT_VLLM_DRAFTS` puts its shape on the scheduler of each process that loads vLLM's
-    plugins (a served vLLM's engine core included), and nothing without it."""
-    code = ("import vllm.plugins; from vllm.v1.core.sched.scheduler import Scheduler as S; "
-            "vllm.plugins.load_general_plugins(); print(S.update_draft_token_ids.__module__)")  # fmt: skip
-    for shape, module in (("disagree=0.3", "specaudit.adapters.vllm_drafts"), ("", "vllm.v1.core.sched.scheduler")):
-        env = {**os.environ, "SPECAUDIT_VLLM_DRAFTS": shape}
+@pytest.mark.parametrize(("variable", "value", "module", "name", "ours"), PLUGINS, ids=["plant", "drafts"])
+def test_the_plugins_patch_each_vllm_process_only_when_asked(
+    variable: str, value: str, module: str, name: str, ours: str
+) -> None:
+    """vLLM's own plugin loading (`load_general_plugins`, run by each of its processes, a served
+    vLLM's engine core included) puts the planted bug or the draft shape that the variable names
+    in place, and nothing without it: how a served vLLM carries either."""
+    code = (f"import vllm.plugins, {module} as m; vllm.plugins.load_general_plugins(); "
+            f"print(m.{name}.__module__)")  # fmt: skip
+    for setting, patched_by in ((value, ours), ("", module)):
+        env = {**os.environ, variable: setting}
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
-        assert done.stdout.strip().splitlines()[-1] == module, (shape, done.stdout[-500:])
+        assert done.stdout.strip().splitlines()[-1] == patched_by, (variable, setting, done.stdout[-500:])
 
 
 REPEATED = """
