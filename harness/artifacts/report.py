@@ -27,7 +27,16 @@ from specaudit.contracts.violation import Violation
 
 REPORT_FORMAT = "specaudit-report"
 REPORT_VERSION = 1
-KINDS = ("decoder", "engine", "real-model batch", "blackbox", "vllm configuration", "vllm white box", "paged engine")
+KINDS = (
+    "decoder",
+    "engine",
+    "real-model batch",
+    "blackbox",
+    "vllm configuration",
+    "vllm white box",
+    "paged engine",
+    "sampling decoder",
+)
 WHERE = ("call", "row", "slot", "request")
 
 

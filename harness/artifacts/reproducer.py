@@ -12,6 +12,7 @@ A reproducer `DIR/<name>.json` is one envelope for every kind of failure:
 | engine-ops | engine, built-in model | K, EOS, pad and the rules ("ops") of the engine state machine |
 | blackbox | transport, server or engine, target, served model, dtype | seed, spread, batch cut, EOS, requests |
 | vllm-paged | vLLM model and speculative configuration | the in-process workload |
+| sampling-case | decoder | the sampling case (`SamplingCase.to_json`: batch, settings, draft, runs, seed) |
 
 `load_reproducer` reads the envelope and upgrades the four formats written before it (a
 versioned case file, an engine file with "ops", a `"kind": "specaudit-blackbox"` file, a case
@@ -42,6 +43,7 @@ from specaudit.checks.diagnosis import Diagnosis, Finding
 from specaudit.contracts.builtins import MODELS, check_model
 from specaudit.contracts.case import CASE_FORMAT, ENVELOPE_FORMAT, Case, CaseFormatError
 from specaudit.contracts.errors import UsageError
+from specaudit.contracts.sampling import SamplingCase
 from specaudit.contracts.violation import Violation
 
 EVIDENCE_LIMIT = 20
@@ -120,6 +122,7 @@ KINDS = {
     "blackbox": "a black-box reproducer",
     "vllm-paged": "a vLLM white-box reproducer",
     "transformers-cb": "a transformers continuous-batching reproducer",
+    "sampling-case": "a sampling decoder's case",
 }
 """Each kind of reproducer, and how a message names it."""
 EXTERNAL = "external:"
@@ -164,6 +167,14 @@ class Reproducer:
         """The case of a decoder or real-model reproducer; UsageError naming the file otherwise."""
         try:
             return Case.from_json(self.payload.get("case"))
+        except CaseFormatError as exc:
+            raise UsageError(f"{self.where}: {exc}") from None
+
+    @property
+    def sampling_case(self) -> SamplingCase:
+        """The sampling case of a sampling-case reproducer; UsageError naming the file otherwise."""
+        try:
+            return SamplingCase.from_json(self.payload.get("case"))
         except CaseFormatError as exc:
             raise UsageError(f"{self.where}: {exc}") from None
 
@@ -299,6 +310,8 @@ def validate(reproducer: Reproducer) -> Reproducer:
         missing = [key for key in (*PAGED_PAYLOAD, "model") if key not in {**reproducer.payload, **reproducer.subject}]
         if missing:
             raise UsageError(f"{reproducer.where}: vLLM white-box reproducer lacks {', '.join(missing)}")
+    elif reproducer.kind == "sampling-case":
+        reproducer.sampling_case  # noqa: B018 (parsed for its errors)
     elif reproducer.kind == "transformers-cb":
         if not isinstance((reproducer.payload.get("workload") or {}).get("requests"), list):
             raise UsageError(f"{reproducer.where}: transformers-cb reproducer has no workload with requests")

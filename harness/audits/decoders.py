@@ -28,6 +28,7 @@ from specaudit.config.xfails import KnownFailures
 from specaudit.contracts.builtins import DEFAULT_DECODERS
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import load_decoder
+from specaudit.contracts.sampling import declares_sampling
 from specaudit.contracts.violation import Violation
 from specaudit.reference.mutants import CATALOG
 from specaudit.running.runner import Run, run_case
@@ -296,8 +297,9 @@ def audit_plan(settings: AuditSettings) -> list[tuple[str, bool, str]]:
     model asked for. The default audit runs the reference decoders the same way, and each
     planted bug once, on the first model it shows on among those asked for (the exact model
     for most: it names slots and is fast); a bug none of them can show is left out."""
-    if settings.decoders:
-        return [(spec, False, model) for spec in settings.decoders for model in settings.models]
+    if settings.decoders:  # a decoder that samples is judged in distribution (`audits.sampling`)
+        greedy = [spec for spec in settings.decoders if not declares_sampling(load_decoder(spec))]
+        return [(spec, False, model) for spec in greedy for model in settings.models]
     if settings.engines:
         return []  # `--engine` alone audits the engines only
     plan = [(spec, False, model) for spec in DEFAULT_DECODERS for model in settings.models]

@@ -29,6 +29,7 @@ from specaudit.audits.decoders import (
     format_table,
 )
 from specaudit.audits.engines import PLANTED_ENGINE_EXAMPLES, audit_engine, engine_plan, format_engine_table
+from specaudit.audits.sampling import SAMPLING
 from specaudit.audits.subject import Item, SubjectDriver
 from specaudit.audits.transformers_cb import TRANSFORMERS_CB
 from specaudit.audits.verdict import Progress, Verdict
@@ -125,7 +126,7 @@ ENGINES = SubjectDriver(
 )
 
 
-SUBJECTS: list[SubjectDriver] = [DECODERS, ENGINES, TRANSFORMERS_CB]
+SUBJECTS: list[SubjectDriver] = [DECODERS, ENGINES, TRANSFORMERS_CB, SAMPLING]
 """Every subject kind the audit and the gate run, in plan (and table) order. A new kind is one
 more driver here (see the module docstring)."""
 

@@ -31,7 +31,10 @@ Signatures (paper, sections 4.2 and 6):
   contract           the decoder broke the decoder contract, or never called the target;
   batch-only         output level only (a black box, whose forwards are not seen): wrong in the
                      batch, right when the prompt runs alone, so a batch-dependent error
-                     (position-id, kv-drift or bookkeeping) that the outputs cannot tell apart.
+                     (position-id, kv-drift or bookkeeping) that the outputs cannot tell apart;
+  sampling           a sampling decoder's tokens are not the target's own samples: a role's
+                     tokens off the target's distribution, a token it cannot draw, or rows of a
+                     batch that are not independent.
 
 A signature is decided from the minimal case's evidence (`decided`, `equivalence_signature`):
 with no target call it is contract (nothing was attended, so never kv-drift or position-id); on
@@ -54,8 +57,10 @@ from specaudit.checks import (
     check_token_preservation,
     equivalence,
 )
+from specaudit.checks.distribution import check_distribution
 from specaudit.checks.engine_step import step_contract, step_equivalence, step_i1, step_i2, step_liveness
 from specaudit.checks.equivalence import pad_columns_read
+from specaudit.checks.independence import check_row_independence, has_pairs
 from specaudit.checks.outputs import OutputEvidence, record_contract, record_equivalence, record_liveness
 from specaudit.checks.paged import check_paged
 from specaudit.checks.scheduling import (
@@ -71,6 +76,7 @@ from specaudit.contracts.rules import CHECK_RULES
 from specaudit.contracts.violation import Violation
 from specaudit.running.paged import PagedRun
 from specaudit.running.runner import Run
+from specaudit.running.sampling import SampledRun
 
 SIGNATURES = (
     "position-id",
@@ -82,6 +88,7 @@ SIGNATURES = (
     "scheduling",
     "contract",
     "batch-only",
+    "sampling",
 )
 OUTPUT_LEVEL_SIGNATURES = ("batch-only",)
 """Given only where the forwards are not seen (`adapters.blackbox.audit_blackbox`); a decoder's or
@@ -91,8 +98,8 @@ PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "not applicable"
 
 Signature = tuple[str, str]  # (signature, reason)
 
-DECODER, ENGINE, BLACK_BOX, PAGED = "decoder", "engine", "black box", "paged engine"
-SUBJECTS = (DECODER, ENGINE, BLACK_BOX, PAGED)
+DECODER, ENGINE, BLACK_BOX, PAGED, SAMPLER = "decoder", "engine", "black box", "paged engine", "sampling decoder"
+SUBJECTS = (DECODER, ENGINE, BLACK_BOX, PAGED, SAMPLER)
 """Who a check can judge, and the evidence its implementation for that subject reads:
 
   decoder       a batch decoder's run on the built-in or real models (`running.runner.Run`)
@@ -102,6 +109,9 @@ SUBJECTS = (DECODER, ENGINE, BLACK_BOX, PAGED)
                 `adapters.engine_blackbox.judge_answers` and `adapters.blackbox.audit_blackbox`)
   paged engine  a paged engine's forwards and outputs (`running.paged.PagedRun`: vLLM in process,
                 transformers' continuous batching)
+  sampling decoder
+                a sampling decoder's seeded runs of one case (`running.sampling.SampledRun`): each
+                run judged as a decoder's by the per-run checks, the runs pooled by the others
 
 All but the decoder's read each request's outputs from a `running.record.Record`."""
 
@@ -144,6 +154,7 @@ BUILT_IN_MODEL = Requirement(
 GROUPED_PAIR = Requirement(
     "no request takes part in two grouped (pad-free) target calls in a row", lambda run: bool(grouped_pairs(run))
 )
+PAIRED_ROWS = Requirement("needs two rows of one prompt", has_pairs, subject=SAMPLER)
 REQUESTS_RECORDED = Requirement(
     "the outputs were not recorded (a trace alone): only the paged layout is judged",
     lambda run: run.record is not None,
@@ -336,6 +347,28 @@ def liveness(run: Run) -> list[Violation]:
     return check_liveness(run, declared_bound(run))
 
 
+def each_run(check: Callable[[Run], list[Violation]]) -> Implementation:
+    """A decoder check on every run of a sampled case; a violation names its run (`evidence["run"]`)."""
+
+    def judge(sampled: SampledRun) -> list[Violation]:
+        return [
+            replace(v, found=f"run {i}: {v.found}", evidence={**v.evidence, "run": i})
+            for i, run in enumerate(sampled.runs)
+            for v in check(run)
+        ]
+
+    return judge
+
+
+def sampling_signature(first: Violation, sampled: Any = None) -> Signature:
+    if first.rule == "rows-correlated":
+        return "sampling", "rows of one batch are not independent samples (a batch bug)"
+    if first.rule == "stops-early":
+        return "bookkeeping", "a row stops before its limit without EOS"
+    role = first.evidence.get("role") or first.evidence.get("token_role", "sampled")
+    return "sampling", f"the {role} tokens are not distributed as the target's ({first.rule})"
+
+
 def paged_layout(run: PagedRun) -> list[Violation]:
     """The paged rules on every forward of the trace (kv-entry with the batch-size-1 `reference`)."""
     return check_paged(run.trace, run.reference)
@@ -370,6 +403,7 @@ CHECKS: tuple[Check, ...] = (
             ENGINE: step_contract,
             BLACK_BOX: record_contract,
             PAGED: paged_contract,
+            SAMPLER: each_run(check_contract),
         },
         contract_signature,
         needs=(REQUESTS_RECORDED,),
@@ -379,7 +413,7 @@ CHECKS: tuple[Check, ...] = (
         "I1 rectangular alignment",
         "every target call: `input_ids` `[B, T]`, mask `[B, P + T]` with `P` the cache length of every layer, "
         "positions `[B, T]`, no row with a real input attending nothing (an all-pad row may)",
-        {DECODER: check_i1, ENGINE: step_i1},
+        {DECODER: check_i1, ENGINE: step_i1, SAMPLER: each_run(check_i1)},
         i1_signature,
         per_call=True,
     ),
@@ -390,7 +424,7 @@ CHECKS: tuple[Check, ...] = (
         "0, 1, 2, ... and the current inputs continue the positions (a call without a cache re-feeds exactly the "
         "committed history); masked slots may hold anything (transparent models are read exactly, tiny real models "
         "against a batch-size-1 run's K/V)",
-        {DECODER: check_i2, ENGINE: step_i2},
+        {DECODER: check_i2, ENGINE: step_i2, SAMPLER: each_run(check_i2)},
         i2_signature,
         per_call=True,
         caches=("rows", "views"),
@@ -462,6 +496,27 @@ CHECKS: tuple[Check, ...] = (
         {DECODER: order_independence},
         scheduling_signature("the output depends on the order of requests in the pool"),
         needs=(A_BATCH, BUILT_IN_MODEL),
+    ),
+    Check(
+        "distribution",
+        "lossless in distribution",
+        "every sampled token is the target's own sample: scored against the exact target distribution given its "
+        "row's own prefix (teacher-forced at batch size 1, float64), pooled over rows, positions and seeded runs, "
+        "and per role (plain step, a draft's place, bonus), each fit a KS test of randomized PIT values held to "
+        "the DKW bound; no token outside p's support, no row stopping early; the verdict's family of tests has "
+        "false-alarm probability <= 1e-6 and states the smallest shift it detects",
+        {SAMPLER: check_distribution},
+        sampling_signature,
+        caches=("tokens",),
+    ),
+    Check(
+        "row-independence",
+        "rows are independent samples",
+        "two rows of one prompt with identical histories emit the same token no more often than independent "
+        "samples would (sum of p squared), judged by a test martingale at the verdict's share of 1e-6",
+        {SAMPLER: check_row_independence},
+        sampling_signature,
+        needs=(PAIRED_ROWS,),
     ),
 )
 
@@ -676,7 +731,10 @@ def markdown_table() -> str:
     for check in CHECKS:
         when = "; ".join(need.reason if need.subject == DECODER else f"({need.subject}) {need.reason}"
                          for need in check.needs) or "-"  # fmt: skip
-        if DECODER not in check.subjects:
+        if check.subjects == (SAMPLER,):
+            when = "; ".join(["a greedy run: it judges a sampling decoder's seeded runs (`docs/sampling.md`)"]
+                             + [need.reason for need in check.needs])  # fmt: skip
+        elif DECODER not in check.subjects:
             when = "any batch run: it judges a paged engine's trace (`specaudit observe-vllm`, `make test-vllm`)"
         lines.append(f"| `{check.name}` | {check.title} | {check.statement} | {', '.join(check.subjects)} | {when} |")
     return "\n".join(lines)

@@ -14,13 +14,14 @@ from typing import Any
 
 from specaudit.artifacts.reproducer import KINDS, Reproducer, engine_failure_record, load_reproducer, validate
 from specaudit.checks.diagnosis import Diagnosis, diagnose
-from specaudit.checks.registry import all_violations
+from specaudit.checks.registry import SAMPLER, all_violations, evaluate
 from specaudit.contracts.builtins import check_model
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import ContractError, load_decoder
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import Violation, render
 from specaudit.running.runner import run_case
+from specaudit.running.sampling import run_sampling_case
 from specaudit.search.engine_replay import replay as replay_rules
 
 
@@ -62,6 +63,7 @@ APPLIES = {
     "blackbox": ("engine", "server", "target"),
     "vllm-paged": ("target", "draft"),
     "transformers-cb": (),
+    "sampling-case": ("decoder",),
 }
 """The options of `ReplayOptions` each kind takes."""
 
@@ -122,6 +124,29 @@ class PagedReplay:
 
     def to_json(self) -> dict[str, Any]:
         return {"passed": self.passed, "violations": [asdict(v) for v in self.verdict.violations]}
+
+
+@dataclass(frozen=True)
+class SamplingReplay:
+    """A sampling case run again: every run judged, the runs pooled, with the same seeds and sample size."""
+
+    decoder: str
+    case: Any  # specaudit.contracts.sampling.SamplingCase
+    evaluation: Any  # specaudit.checks.registry.Evaluation
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.evaluation.passed)
+
+    def render(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        checks = ", ".join(f"{check} {status}" for check, status in self.evaluation.statuses)
+        return "\n".join([f"{self.decoder}: {verdict}", f"  case: {self.case!r}", f"  checks: {checks}",
+                          *(f"  {v.render()}" for v in self.evaluation.violations)])  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return {"passed": self.passed, "case": self.case.to_json(),
+                "violations": [asdict(v) for v in self.evaluation.violations]}  # fmt: skip
 
 
 def check_options(reproducer: Reproducer, options: ReplayOptions) -> None:
@@ -232,6 +257,15 @@ def replay_transformers_cb(reproducer: Reproducer, options: ReplayOptions) -> Pa
     return PagedReplay(replay_workload(reproducer.source))
 
 
+def replay_sampling_case(reproducer: Reproducer, options: ReplayOptions) -> SamplingReplay:
+    """The sampling case's seeded runs again, judged by the sampling-decoder checks."""
+    decoder = named(options.decoder or reproducer.subject.get("decoder"), DECODER_FLAG, reproducer, "decoder")
+    case = reproducer.sampling_case
+    return SamplingReplay(
+        decoder, case, evaluate(SAMPLER, run_sampling_case(decoder, case, factory=load_decoder(decoder)))
+    )
+
+
 REPLAYERS = {
     "decoder-case": replay_decoder_case,
     "real-model": replay_real_model,
@@ -239,4 +273,5 @@ REPLAYERS = {
     "blackbox": replay_blackbox,
     "vllm-paged": replay_vllm_paged,
     "transformers-cb": replay_transformers_cb,
+    "sampling-case": replay_sampling_case,
 }

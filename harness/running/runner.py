@@ -329,12 +329,14 @@ def guarded_call(
     instrumented: bool = True,
     sample: Callable[[int], bool] | None = None,
     device: torch.device | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> Guarded:
     """A fresh decoder from `factory` on `case` under every contract rule, for every subject that
     runs a decoder (built-in and real models alike): the decoder's own rules and the watchdog,
     then, whether it failed or not, the side-effect guard (hooks left behind are removed, a
     changed built-in model is rebuilt) and, when instrumented, the observation rules
-    ('unobserved-forward', 'unsupported-input'). `device` is synchronized around the timed call."""
+    ('unobserved-forward', 'unsupported-input'). `device` is synchronized around the timed call;
+    `sampling` holds a sampling decoder's keywords (`running.sampling`)."""
     owner = (spec, factory)  # the decoder, for `still_running`
     busy = still_running(owner)
     if busy is not None:
@@ -371,6 +373,7 @@ def guarded_call(
                     eos_token_id=case.eos_token_id,
                     pad_token_id=case.pad_token_id,
                     watchdog=watchdog,
+                    sampling=sampling,
                 )
         except ContractError as exc:
             error = exc

@@ -139,10 +139,13 @@ def call_decoder(
     pad_token_id: int,
     timeout_s: float = 120.0,
     watchdog: Watchdog | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> list[list[int]]:
     """Call generate() under the contract; any breach becomes a ContractError naming the rule.
 
-    `watchdog` (default: `timeout_s` on the whole call) says when a call is a hang. The decoder
+    `watchdog` (default: `timeout_s` on the whole call) says when a call is a hang. `sampling`:
+    the sampling mode's keywords (`contracts.sampling`: temperature, top_k, top_p, generator),
+    passed only to a decoder that samples. The decoder
     gets the caller's own tensors, not copies, so writing into them is seen ('inputs-unchanged');
     the caller must not need them unchanged afterwards.
     """
@@ -158,6 +161,7 @@ def call_decoder(
             max_new_tokens=max_new_tokens,
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
+            **(sampling or {}),
         )
 
     try:
