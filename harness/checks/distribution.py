@@ -11,12 +11,13 @@ limit without EOS.
 
 from __future__ import annotations
 
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 
-from specaudit.checks.roles import ROLES, Role, decisions, roles_of
+from specaudit.checks.roles import ROLES, UNKNOWN_ROLE, Role, decisions, roles_of
 from specaudit.contracts.violation import Violation
 from specaudit.numerics.fit import ALPHA, POWER, Fit, ks_fit, randomized_pit
 from specaudit.running.sampling import SampledRun
@@ -24,6 +25,8 @@ from specaudit.running.sampling import SampledRun
 FAMILY = 5
 """The tests of one sampling verdict: pooled fit, one fit per role (3), row independence."""
 TEST_ALPHA = ALPHA / FAMILY
+UNSEEN = Role(UNKNOWN_ROLE, 0, 0, None, None)
+"""The role of a token whose forwards were not seen (a black box's)."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,10 @@ def sampled_tokens(sampled: SampledRun) -> list[SampledToken]:
 
 def fits(sampled: SampledRun) -> dict[str, Fit]:
     """The pooled fit ("all") and each role's, each at TEST_ALPHA: the verdict's power is theirs."""
-    tokens = sampled_tokens(sampled)
+    return fits_of(sampled_tokens(sampled))
+
+
+def fits_of(tokens: list[SampledToken]) -> dict[str, Fit]:
     result = {"all": ks_fit([t.u for t in tokens], TEST_ALPHA)}
     for role in ROLES:
         result[role] = ks_fit([t.u for t in tokens if t.role.role == role], TEST_ALPHA)
@@ -71,14 +77,34 @@ def fits(sampled: SampledRun) -> dict[str, Fit]:
 
 def check_distribution(sampled: SampledRun) -> list[Violation]:
     """Impossible tokens and early stops (certain), then each role's fit, then the pooled fit."""
-    tokens = sampled_tokens(sampled)
-    found = impossible_tokens(tokens) + early_stops(sampled)
-    tested = fits(sampled)
+    return early_stops(sampled) + judge_tokens(sampled_tokens(sampled))
+
+
+def judge_tokens(tokens: list[SampledToken]) -> list[Violation]:
+    """The verdict on sampled tokens whatever produced them (a decoder's runs, an engine's or a
+    server's answers, whose tokens have no role): impossible tokens, each role's fit, the pooled fit."""
+    found = impossible_tokens(tokens)
+    tested = fits_of(tokens)
     for role in ROLES:
         if tested[role].rejects:
             found.append(role_violation(role, tested[role], [t for t in tokens if t.role.role == role]))
     if tested["all"].rejects and not any(tested[role].rejects for role in ROLES):
         found.append(fit_violation("pooled-fit", "sampled tokens", tested["all"], tokens[0] if tokens else None))
+    return found
+
+
+def output_tokens(rows: list[tuple[list[int], torch.Tensor]], seed: int) -> list[SampledToken]:
+    """Sampled tokens seen at the output level only (a black box): per request its tokens and
+    their exact p [n, V], no role. The PIT's uniforms are seeded by `seed` and the request."""
+    found = []
+    for r, (out, p) in enumerate(rows):
+        if not out:
+            continue
+        generator = torch.Generator().manual_seed(zlib.crc32(f"pit:{seed}:{r}".encode()))
+        tokens = torch.tensor(out)
+        u = randomized_pit(p, tokens, torch.rand(len(out), generator=generator, dtype=torch.float64))
+        probs = p.gather(1, tokens[:, None])[:, 0].tolist()
+        found += [SampledToken(0, r, n, t, probs[n], float(u[n]), UNSEEN) for n, t in enumerate(out)]
     return found
 
 
