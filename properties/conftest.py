@@ -240,8 +240,18 @@ def add_engine_option(parser: pytest.Parser) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "sampling_decoder" in metafunc.fixturenames:
+        metafunc.parametrize("sampling_decoder", sampling_specs(metafunc.config))
     if "engine_spec" in metafunc.fixturenames:
         from specaudit.search.engine_machine import DEFAULT_ENGINES
 
         specs = metafunc.config.getoption("specaudit_engine", default=None) or list(DEFAULT_ENGINES)
         metafunc.parametrize("engine_spec", specs)
+
+
+def sampling_specs(config: pytest.Config) -> list[str]:
+    """The sampling decoders under test: those of `--decoder` that sample, else the reference designs."""
+    from specaudit.audits.sampling import DESIGNS, samples
+
+    named = config.getoption("specaudit_decoder", default=None)
+    return [spec for spec in named if samples(spec)] if named else list(DESIGNS)

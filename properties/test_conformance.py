@@ -14,6 +14,7 @@ choices), so the profile's examples are distinct cases (`specaudit.config.profil
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ from hypothesis.errors import UnsatisfiedAssumption
 from specaudit.checks.registry import NOT_APPLICABLE, CheckOutcome, check_named, outcome_of
 from specaudit.commands.pytest_notes import remember_failure
 from specaudit.contracts.case import Case
+from specaudit.contracts.decoder import load_decoder
+from specaudit.contracts.sampling import declares_sampling
 from specaudit.contracts.violation import explain
 from specaudit.running.runner import Run, cached_run
 from specaudit.search.strategies import cases
@@ -124,7 +127,14 @@ def assert_check(name: str, decoder: str, case: Case, request: pytest.FixtureReq
 
 
 def check_drawn(name: str, decoder: str, model: str, data: st.DataObject, request: pytest.FixtureRequest) -> None:
+    if samples(decoder):
+        pytest.skip(f"{decoder} samples: it is judged in distribution (properties/test_sampling.py)")
     assert_check(name, decoder, data.draw(cases(model), label="case"), request)
+
+
+@functools.cache
+def samples(decoder: str) -> bool:
+    return declares_sampling(load_decoder(decoder))
 
 
 @conformance("contract")

@@ -46,6 +46,8 @@ EXAMPLES = 10
 """Sampled cases per correct design (each case is several seeded runs)."""
 PLANTED_EXAMPLES = 30
 """Sampled cases a planted sampling bug may take to be caught (a bound; most need a few)."""
+MAX_FAILURES = 4
+"""Distinct failure classes a decoder under test is searched for (each set aside once shrunk)."""
 
 
 def samples(spec: str) -> bool:
@@ -83,7 +85,9 @@ def run_sampling(item: Item, progress: Progress | None = None) -> Verdict:
         coverage.append(coverage_of_runs(sampled.runs))
         powers.append({role: (f.n, f.shift) for role, f in fits(sampled).items()})
 
-    result = search_sampling(item.spec, max_examples=item.examples, seed=item.seed, on_run=seen)
+    failures = 1 if item.expect_failure else MAX_FAILURES  # a planted bug need only be caught, with its role
+    result = search_sampling(item.spec, max_examples=item.examples, seed=item.seed, on_run=seen,
+                             max_failures=failures)  # fmt: skip
     return verdict_of(item, result, functools.reduce(Coverage.merge, coverage, Coverage()), powers)
 
 
@@ -116,7 +120,7 @@ def failure_json(found: SamplingFound) -> dict[str, Any]:
     return {
         "check": first.check,
         "rule": first.rule,
-        "role": first.evidence.get("role") or first.evidence.get("token_role"),
+        "role": "all" if first.rule == "pooled-fit" else first.evidence.get("role") or first.evidence.get("token_role"),
         "accepted_before": first.evidence.get("slot", first.evidence.get("accepted_before")),
         "message": first.render(),
         "rows": case.case.batch_size,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specaudit.checks.i2 import row_views
 from specaudit.checks.roles import ROLES, UNKNOWN_ROLE, Role, decisions, roles_of
 from specaudit.contracts.violation import Violation
 from specaudit.numerics.fit import ALPHA, POWER, Fit, ks_fit, randomized_pit
@@ -49,7 +50,8 @@ def sampled_tokens(sampled: SampledRun) -> list[SampledToken]:
         for i, run in enumerate(sampled.runs):
             if run.outputs is None:
                 continue
-            deciding = decisions(run.recording.target_calls)
+            sequences = [p + tuple(out) for p, out in zip(run.case.prompts, run.outputs)]
+            deciding = decisions(row_views(run)[0], sequences)
             for b, (prompt, out) in enumerate(zip(run.case.prompts, run.outputs)):
                 if not out:
                     continue
@@ -57,7 +59,7 @@ def sampled_tokens(sampled: SampledRun) -> list[SampledToken]:
                 tokens = torch.tensor(out)
                 u = randomized_pit(p, tokens, sampled.uniforms(i, b, len(out)))
                 probs = p.gather(1, tokens[:, None])[:, 0].tolist()
-                for n, (token, role) in enumerate(zip(out, roles_of(prompt, out, deciding))):
+                for n, (token, role) in enumerate(zip(out, roles_of(b, len(prompt), out, deciding))):
                     found.append(SampledToken(i, b, n, token, probs[n], float(u[n]), role))
         sampled.cached["tokens"] = found
     return sampled.cached["tokens"]

@@ -5,7 +5,8 @@ histories are identical, independent rows emit the same next token with probabil
 c = sum_x p(x)^2 (p given that shared history); rows that share a uniform, a residual or a
 generator collide far more often. The collisions feed a test martingale (`numerics.fit.
 collision_evalue`), rejected at 1 / TEST_ALPHA: a false alarm with probability <= TEST_ALPHA.
-Marginally right rows that copy each other pass every fit and fail here.
+Marginally right rows that copy each other fail here, and first: the fits assume independent
+tokens, so correlated rows are the cause, and a fit's rejection on them an effect.
 """
 
 from __future__ import annotations

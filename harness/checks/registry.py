@@ -498,6 +498,15 @@ CHECKS: tuple[Check, ...] = (
         needs=(A_BATCH, BUILT_IN_MODEL),
     ),
     Check(
+        "row-independence",
+        "rows are independent samples",
+        "two rows of one prompt with identical histories emit the same token no more often than independent "
+        "samples would (sum of p squared), judged by a test martingale at the verdict's share of 1e-6",
+        {SAMPLER: check_row_independence},
+        sampling_signature,
+        needs=(PAIRED_ROWS,),
+    ),
+    Check(
         "distribution",
         "lossless in distribution",
         "every sampled token is the target's own sample: scored against the exact target distribution given its "
@@ -508,15 +517,6 @@ CHECKS: tuple[Check, ...] = (
         {SAMPLER: check_distribution},
         sampling_signature,
         caches=("tokens",),
-    ),
-    Check(
-        "row-independence",
-        "rows are independent samples",
-        "two rows of one prompt with identical histories emit the same token no more often than independent "
-        "samples would (sum of p squared), judged by a test martingale at the verdict's share of 1e-6",
-        {SAMPLER: check_row_independence},
-        sampling_signature,
-        needs=(PAIRED_ROWS,),
     ),
 )
 

@@ -1,8 +1,9 @@
 """Token roles in a sampled run: which target forward decided each sampled token, and as what.
 
-A token x_n of a row is decided by the first target forward whose logits are computed for its
-prefix h_n (prompt + the row's tokens before it): some row of that call attends exactly h_n at
-positions 0, 1, ..., and a query column sits on its last entry. That call says the role:
+A token x_n of a request is decided by the first target forward whose logits are computed for its
+prefix h_n (prompt + the request's tokens before it): the request's row in that call (bound to
+it by I2's row follower, `checks.rows`) attends exactly h_n, and a query column sits on its last
+entry. That call says the role:
 
     draft   the call also feeds an input right after h_n: a draft was verified at x_n's place
             (x_n is that draft, accepted, or the token drawn after rejecting it);
@@ -13,18 +14,17 @@ positions 0, 1, ..., and a query column sits on its last entry. That call says t
     unknown no observed forward computed logits for h_n.
 
 `slot` counts the drafts the round accepted before x_n (the acceptance count), `round` the
-deciding calls of the row before x_n's. A lossless sampler draws x_n from p(. | h_n) whatever
-its role: the role is fixed by forwards made before x_n is drawn, so every role's tokens are
-tested against p on their own, and a mistaken role (an exotic call pattern) costs power, never
-a false alarm. Rows are identified by content, so two rows with one history share their facts.
+deciding calls of the request before x_n's. A lossless sampler draws x_n from p(. | h_n)
+whatever its role: the role is fixed by forwards made before x_n is drawn, so every role's
+tokens are tested against p on their own, and a mistaken role (an exotic call pattern) costs
+power, never a false alarm.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specaudit.checks.observe import observe
-from specaudit.running.instrument import CallRecord
+from specaudit.checks.rows import RowView
 
 ROLES = ("plain", "draft", "bonus")
 UNKNOWN_ROLE = "unknown"
@@ -51,51 +51,35 @@ class Role:
     accepted: bool = False  # a draft role whose token is the draft fed there
 
 
-def prefix_key(key: int, token: int) -> int:
-    """The running hash of a token sequence, one token at a time."""
-    return hash((key, token))
-
-
-def decisions(calls: list[CallRecord]) -> dict[int, Decision]:
-    """prefix hash -> its deciding forward, over every well-formed row of every target call."""
-    found: dict[int, Decision] = {}
-    for call in calls:
-        if call.input_ids is None or call.input_ids.dim() != 2:
-            continue
-        obs = observe(call, exact=True)
-        tokens, positions = obs.tokens.tolist(), obs.positions.tolist()
-        for b, (length, past) in enumerate(zip(obs.length.tolist(), obs.past.tolist())):
-            row_tokens, row_positions = tokens[b][:length], positions[b][:length]
-            key = 0
-            for e, (token, position) in enumerate(zip(row_tokens, row_positions)):
-                if position != e:  # positions off 0, 1, 2, ...: I2's to report, no prefix here
-                    break
-                key = prefix_key(key, token)
-                if e >= past and key not in found:  # a query column on the prefix's last entry
-                    after = row_tokens[e + 1] if e + 1 < length else None
-                    found[key] = Decision(call.index, b, after)
+def decisions(views: list[RowView], sequences: list[tuple[int, ...]]) -> dict[tuple[int, int], Decision]:
+    """(request, prefix length) -> its deciding forward, over every bound row of every target call
+    (`views` in call order; `sequences` each request's prompt + sampled tokens)."""
+    found: dict[tuple[int, int], Decision] = {}
+    for view in views:
+        sequence = sequences[view.request]
+        for e in range(view.past, len(view.stream)):  # a query column on stream entry e: logits for stream[:e + 1]
+            if e >= len(sequence) or view.stream[e] != sequence[e]:
+                break  # past the request's own history (a rejected draft), or not its history at all
+            after = view.stream[e + 1] if e + 1 < len(view.stream) else None
+            found.setdefault((view.request, e + 1), Decision(view.call, view.row, after))
     return found
 
 
-def roles_of(prompt: tuple[int, ...], tokens: list[int], found: dict[int, Decision]) -> list[Role]:
-    """The role of each sampled token of one row (see the module's table)."""
-    key = 0
-    for token in prompt:
-        key = prefix_key(key, token)
+def roles_of(request: int, prompt: int, tokens: list[int], found: dict[tuple[int, int], Decision]) -> list[Role]:
+    """The role of each sampled token of one request (see the module's table)."""
     roles: list[Role] = []
     rounds, previous = 0, None
-    for token in tokens:
-        decision = found.get(key)
+    for n, token in enumerate(tokens):
+        decision = found.get((request, prompt + n))
         if decision is None:
             roles.append(Role(UNKNOWN_ROLE, 0, rounds, None, None))
             previous = None
-        else:
-            same = previous is not None and previous.role == "draft" and previous.call == decision.call
-            slot = previous.slot + 1 if same and previous is not None else 0
-            if previous is not None and not same:
-                rounds += 1
-            role = "draft" if decision.next_token is not None else ("bonus" if slot else "plain")
-            previous = Role(role, slot, rounds, decision.call, decision.row, decision.next_token == token)
-            roles.append(previous)
-        key = prefix_key(key, token)
+            continue
+        same = previous is not None and previous.role == "draft" and previous.call == decision.call
+        slot = previous.slot + 1 if same and previous is not None else 0
+        if previous is not None and not same:
+            rounds += 1
+        role = "draft" if decision.next_token is not None else ("bonus" if slot else "plain")
+        previous = Role(role, slot, rounds, decision.call, decision.row, decision.next_token == token)
+        roles.append(previous)
     return roles

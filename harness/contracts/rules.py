@@ -89,8 +89,8 @@ CHECK_RULES: dict[str, frozenset[str]] = {
     "liveness": frozenset({"request-finishes", "bounded-queue", "bounded-wait"}),
     "grouped-no-realignment": frozenset({"slots-stay"}),
     "order-independence": frozenset({"keeps-contract", "same-output"}),
-    "distribution": frozenset({"impossible-token", "stops-early", "role-fit", "pooled-fit"}),
     "row-independence": frozenset({"rows-correlated"}),
+    "distribution": frozenset({"impossible-token", "stops-early", "role-fit", "pooled-fit"}),
 }
 """Check name (in the registry's order) -> the rule names its violations carry."""
 
