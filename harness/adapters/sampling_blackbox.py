@@ -23,6 +23,7 @@ pooled fit.
 
 from __future__ import annotations
 
+import copy
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from specaudit.adapters.engine_blackbox import Request, load_target, seeded_arrivals
 from specaudit.adapters.transports import CompletionsClient, send_staggered
@@ -39,6 +41,7 @@ from specaudit.contracts.sampling import Sampling, target_distribution
 from specaudit.contracts.violation import Violation
 from specaudit.models.compat import call_model
 from specaudit.numerics.fit import POWER, Fit
+from specaudit.search.jobs import one_torch_thread
 
 SAMPLING = Sampling(temperature=1.0, top_k=20, top_p=0.95)
 """The served audit's settings: temperature 1 keeps the tiny Llama's structure (its top token
@@ -112,11 +115,26 @@ class SamplingClient(CompletionsClient):
 
 
 @torch.no_grad()
-def exact_logits(target: torch.nn.Module, prompt: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
-    """[n, V] float64 logits before each of the n tokens: one forward over prompt + tokens[:-1]."""
-    ids = torch.tensor([[*prompt, *tokens][:-1]])  # [1, L - 1]: the last token is scored, never fed
-    logits, _ = call_model(target, ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None], None)
-    return logits[0, len(prompt) - 1 :].double()  # [n, V]
+def prompt_cache(target: torch.nn.Module, prompt: Sequence[int]) -> Any:
+    """The target's cache over prompt[:-1] at batch size 1 (None for a one-token prompt), shared by
+    every request of the prompt: each continues from a copy of it."""
+    if len(prompt) < 2:
+        return None
+    ids = torch.tensor([list(prompt[:-1])])  # [1, P - 1]
+    _, cache = call_model(target, ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None], DynamicCache())
+    return cache
+
+
+@torch.no_grad()
+def exact_logits(target: torch.nn.Module, prompt: Sequence[int], tokens: Sequence[int], cache: Any) -> torch.Tensor:
+    """[n, V] float64 logits before each of the n tokens: prompt[-1] + tokens[:-1] fed after a copy of
+    the prompt's cache (`prompt_cache`), batch size 1; the last token is scored, never fed."""
+    past = len(prompt) - 1
+    ids = torch.tensor([[prompt[-1], *tokens[:-1]]])  # [1, n]
+    mask = torch.ones(1, past + ids.shape[1], dtype=torch.long)
+    positions = torch.arange(past, past + ids.shape[1])[None]
+    logits, _ = call_model(target, ids, mask, positions, copy.deepcopy(cache) if cache is not None else DynamicCache())
+    return logits[0].double()  # [n, V]
 
 
 def favouring(logits: torch.Tensor, token: int, margin: float) -> torch.Tensor:
@@ -213,24 +231,40 @@ def judge_samples(
     """Each answered request's tokens against its exact p (boundary-tolerant), pooled; contract
     breaks (no answer, too few tokens) first."""
     start = time.perf_counter()
-    errors = [s.error for s in samples if s.error is not None]
-    tokens: list[SampledToken] = []
-    boundary: list[tuple[int, int]] = []
-    tops: list[float] = []
-    for s in samples:
-        if s.error is not None or not s.tokens:
-            continue
-        p, near = tolerant_distribution(exact_logits(target, s.request.prompt, s.tokens), s.tokens, sampling)
-        boundary += [(s.request.id, i) for i in near]
-        tops += p.max(dim=-1).values.tolist()
-        found = output_tokens([(list(s.tokens), p)], request_seed(seed, s.request.id))
-        tokens += [replace(t, row=s.request.id) for t in found]
-    violations = errors + judge_tokens(tokens)
-    fit = fits_of(tokens)["all"]
+    scored: list[Scored] = []
+    cache: tuple[int, Any] | None = None  # (prompt index, its cache): requests are scored prompt by prompt
+    with one_torch_thread():  # batch-size-1 forwards: more threads only contend
+        for s in sorted(samples, key=lambda s: (s.prompt_index, s.request.id)):
+            if s.error is None and s.tokens:
+                if cache is None or cache[0] != s.prompt_index:
+                    cache = (s.prompt_index, prompt_cache(target, s.request.prompt))
+                scored.append(score(target, s, cache[1], sampling, seed))
+    tokens = [t for one in scored for t in one.tokens]
+    violations = [s.error for s in samples if s.error is not None] + judge_tokens(tokens)
+    tops = [top for one in scored for top in one.tops]
+    boundary = [where for one in scored for where in one.boundary]
     mean_top = sum(tops) / len(tops) if tops else 0.0
-    verdict = SamplingVerdict(label, sampling, list(samples), violations, fit, boundary, mean_top)
+    verdict = SamplingVerdict(label, sampling, list(samples), violations, fits_of(tokens)["all"], boundary, mean_top)
     verdict.oracle_s = time.perf_counter() - start
     return verdict
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One request's tokens scored: their PIT values, p's top-1 probability at each, the boundary ones."""
+
+    tokens: list[SampledToken]
+    tops: list[float]
+    boundary: list[tuple[int, int]]  # (request, index)
+
+
+def score(target: torch.nn.Module, sample: Sample, cache: Any, sampling: Sampling, seed: int) -> Scored:
+    assert sample.tokens is not None
+    rid = sample.request.id
+    logits = exact_logits(target, sample.request.prompt, sample.tokens, cache)  # [n, V]
+    p, near = tolerant_distribution(logits, sample.tokens, sampling)
+    found = output_tokens([(list(sample.tokens), p)], request_seed(seed, rid))  # seeded per request
+    return Scored([replace(t, row=rid) for t in found], p.max(dim=-1).values.tolist(), [(rid, i) for i in near])
 
 
 # ---------------------------------------------------------------------------------------

@@ -23,13 +23,14 @@ from specaudit.audits.subject import Item, SubjectDriver
 from specaudit.audits.verdict import EntryVerdict, Progress, Verdict
 from specaudit.checks.coverage import Coverage, coverage_of_runs
 from specaudit.checks.distribution import fits
-from specaudit.checks.registry import SAMPLER, check_named, decided
+from specaudit.checks.registry import DECODER, SAMPLER, check_named, decided, order_for
 from specaudit.config.settings import AuditSettings, GateSettings
 from specaudit.contracts.decoder import load_decoder
+from specaudit.contracts.errors import UsageError
 from specaudit.contracts.sampling import declares_sampling
 from specaudit.numerics.fit import ALPHA, POWER
 from specaudit.running.sampling import SampledRun
-from specaudit.search.sampling import SamplingFound, SamplingSearch, search_sampling
+from specaudit.search.sampling import FailureClass, SamplingFound, SamplingSearch, search_sampling
 
 KIND = SAMPLER
 MODEL = "transparent"
@@ -58,7 +59,7 @@ def samples(spec: str) -> bool:
 def planted() -> list[str]:
     from specaudit.reference.sampling_mutants import CATALOG
 
-    return [f"specaudit.reference.sampling_mutants:{name}" for name in CATALOG]
+    return [f"specaudit.reference.sampling_mutants:{cls.__name__}" for cls in CATALOG.values()]
 
 
 def audit_items(settings: AuditSettings) -> list[Item]:
@@ -74,7 +75,12 @@ def audit_items(settings: AuditSettings) -> list[Item]:
 
 
 def gate_items(settings: GateSettings) -> list[Item]:
-    return [Item(s, MODEL, False, settings.examples, settings.seed, kind=KIND) for s in settings.decoders if samples(s)]
+    """None: the gate's thresholds and JUnit cases are a greedy decoder's; a sampling decoder is refused."""
+    sampling = [s for s in settings.decoders if samples(s)]
+    if sampling:
+        raise UsageError(f"{', '.join(sampling)} samples: the gate judges greedy decoders; run `specaudit audit "
+                         "--decoder` for a verdict in distribution (docs/sampling.md)")  # fmt: skip
+    return []
 
 
 def run_sampling(item: Item, progress: Progress | None = None) -> Verdict:
@@ -85,10 +91,16 @@ def run_sampling(item: Item, progress: Progress | None = None) -> Verdict:
         coverage.append(coverage_of_runs(sampled.runs))
         powers.append({role: (f.n, f.shift) for role, f in fits(sampled).items()})
 
-    failures = 1 if item.expect_failure else MAX_FAILURES  # a planted bug need only be caught, with its role
+    # a planted bug's search ends once a sampling check has caught it (with its role); another's looks for every class
+    enough = sampling_check if item.expect_failure else None
     result = search_sampling(item.spec, max_examples=item.examples, seed=item.seed, on_run=seen,
-                             max_failures=failures)  # fmt: skip
+                             max_failures=MAX_FAILURES, enough=enough)  # fmt: skip
     return verdict_of(item, result, functools.reduce(Coverage.merge, coverage, Coverage()), powers)
+
+
+def sampling_check(found: FailureClass) -> bool:
+    """A class of the checks only a sampling decoder has (not the contract's, I1's or I2's)."""
+    return found[0] in order_for(SAMPLER) and found[0] not in order_for(DECODER)
 
 
 def verdict_of(item: Item, result: SamplingSearch, coverage: Coverage, powers: list[dict[str, Any]]) -> EntryVerdict:

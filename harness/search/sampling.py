@@ -141,11 +141,14 @@ def search_sampling(
     seed: int,
     factory: Any = None,
     shrink_budget: int = SHRINK_BUDGET,
+    minimize_budget: int = MINIMIZE_BUDGET,
     max_failures: int = 4,
     strategy: st.SearchStrategy[SamplingCase] | None = None,
     on_run: Callable[[SampledRun], None] | None = None,
+    enough: Callable[[FailureClass], bool] | None = None,
 ) -> SamplingSearch:
-    """Generated sampling cases until a new failure class, shrunk; again, up to `max_failures`."""
+    """Generated sampling cases until a new failure class, shrunk; again, up to `max_failures`, or
+    until a class found is `enough` (a planted bug's search: once its sampling check has fired)."""
     factory = factory or load_decoder(spec)
     result, set_aside, start = SamplingSearch(), set(), time.perf_counter()
     for index in range(max_failures):
@@ -158,9 +161,11 @@ def search_sampling(
         if minimal is None or state.target is None:
             break
         set_aside.add(state.target)
-        minimal, evaluation = minimize(spec, factory, minimal, state.target, state.failing[minimal])
+        minimal, evaluation = minimize(spec, factory, minimal, state.target, state.failing[minimal], minimize_budget)
         result.failures.append(SamplingFound(state.target, minimal, evaluation, result.cases_run,
                                              state.seconds_to_find, state.shrink_runs))  # fmt: skip
+        if enough is not None and enough(state.target):
+            break
     result.seconds = time.perf_counter() - start
     return result
 

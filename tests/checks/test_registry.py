@@ -81,8 +81,10 @@ def conformance_properties() -> list[tuple[str, Any]]:
 def test_every_check_has_exactly_one_property() -> None:
     """Each registry check of a batch run is claimed by exactly one batch property, and every batch
     property claims one (the engine property runs every check on each step of its state machine;
-    the paged layout is judged on vLLM traces, tests/adapters/test_vllm_observer.py)."""
-    properties = [(name, test) for name, test in conformance_properties() if not name.startswith("test_engines.")]
+    the sampling property every sampling-decoder check on each drawn case; the paged layout is
+    judged on vLLM traces, tests/adapters/test_vllm_observer.py)."""
+    stepped = ("test_engines.", "test_sampling.")
+    properties = [(name, test) for name, test in conformance_properties() if not name.startswith(stepped)]
     claimed = Counter(getattr(test, "specaudit_check", None) for _, test in properties)
     assert None not in claimed, [name for name, test in properties if not hasattr(test, "specaudit_check")]
     assert claimed == Counter(BATCH_ORDER), f"got properties for {dict(claimed)}, but should be one per {BATCH_ORDER}"
@@ -139,9 +141,10 @@ NEGATIVE_CONTROLS: dict[str, tuple[Callable[[], tuple[str, Any]], Case]] = {
 
 
 def test_every_check_has_a_negative_control() -> None:
-    """Batch checks here; the paged layout's are vLLM's planted bugs (tests/adapters/test_vllm_observer.py)."""
+    """Batch checks here; the paged layout's are vLLM's planted bugs (tests/adapters/test_vllm_observer.py),
+    the sampling decoder's the planted sampling bugs (tests/checks/test_distribution.py)."""
     assert list(NEGATIVE_CONTROLS) == list(BATCH_ORDER)
-    assert [c for c in CHECK_ORDER if c not in BATCH_ORDER] == ["paged"]
+    assert [c for c in CHECK_ORDER if c not in BATCH_ORDER] == ["paged", "row-independence", "distribution"]
 
 
 def test_paged_rules_map_to_known_signatures() -> None:
