@@ -52,6 +52,8 @@ SUPPORT_MARGIN = 1e-2
 """Logit noise allowed at a top-k/top-p boundary: the float32 proof margin of the greedy black box
 (`reference.oracle.PROOF_MARGIN`), about a hundred times the float32-vs-float64 logit gap measured
 on the served models (tiny Llama about 1e-5, SmolLM2-135M about 1e-4)."""
+IN_FLIGHT = 64
+"""Requests the client keeps open at once (the server queues them and runs its own batch)."""
 FLAT_TOP = 0.2
 """Below this mean top-1 probability the sampled distributions are nearly flat: a fit there sees little."""
 EVIDENCE = (
@@ -293,7 +295,7 @@ def audit_sampling_server(
     if say is not None:
         say(f"sampling: {len(planned)} requests ({per_prompt} per prompt, {sampling!r}) to {client.url}")
     start = time.perf_counter()
-    answers = send_staggered([r for r, _, _ in planned], lambda r: client.complete(r, None))
+    answers = send_staggered([r for r, _, _ in planned], lambda r: client.complete(r, None), max_workers=IN_FLIGHT)
     engine_s = time.perf_counter() - start
     samples = [Sample(r, p, s, answers[r.id].tokens, answers[r.id].error) for r, p, s in planned]
     verdict = judge_samples(f"server {client.url}", load_target(target, "float64"), samples, sampling, seed)

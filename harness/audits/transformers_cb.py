@@ -2,6 +2,7 @@
 
 Its items: each public entry point's fixed workload (must pass), a Hypothesis search over
 drawn workloads and every entry point (must pass; a failure is shrunk to a minimal workload),
+`generate_batch` sampling (`do_sample=True`) judged against the exact distribution (must pass),
 and each planted bug of `specaudit.reference.transformers_cb_mutants` on its workload (must be
 caught). Every run is judged by the registry's paged-engine checks
 (`specaudit.adapters.transformers_cb.verdict_of`); each verdict is one report entry of kind "paged
@@ -31,6 +32,7 @@ from specaudit.adapters.transformers_cb import (
     verdict_of,
 )
 from specaudit.adapters.transformers_cb.reproducer import reproducer_of
+from specaudit.adapters.transformers_cb.sampling import run_sampling, sampling_entry
 from specaudit.artifacts.reproducer import Reproducer, save
 from specaudit.artifacts.tables import entries_table
 from specaudit.audits.subject import Item, SubjectDriver
@@ -43,7 +45,7 @@ from specaudit.search.jobs import one_torch_thread
 
 MODEL = "tiny-llama"  # the engine's own model (`adapters.transformers_cb.models`), not a built-in model's name
 SEARCH_EXAMPLES = 30  # drawn workloads of the Hypothesis item, at most (about 20 s on two cores)
-SMOKE_PREFIX, PLANTED_PREFIX, SEARCH_SPEC = "smoke:", "planted:", "hypothesis"
+SMOKE_PREFIX, PLANTED_PREFIX, SEARCH_SPEC, SAMPLING_SPEC = "smoke:", "planted:", "hypothesis", "sampling"
 CB_MODULE = "transformers.generation.continuous_batching"
 
 
@@ -64,7 +66,8 @@ def audit_items(settings: AuditSettings) -> list[Item]:
     examples = min(settings.examples, SEARCH_EXAMPLES)
     hypothesis = Item(SEARCH_SPEC, MODEL, False, examples, settings.seed, kind=ENGINE)
     bugs = [Item(PLANTED_PREFIX + m.name, MODEL, True, 1, settings.seed, kind=ENGINE) for m in MUTANTS]
-    return [*smoke, hypothesis, *bugs]
+    sampling = Item(SAMPLING_SPEC, MODEL, False, 1, settings.seed, kind=ENGINE)
+    return [*smoke, hypothesis, sampling, *bugs]
 
 
 def gate_items(settings: GateSettings) -> list[Item]:
@@ -76,6 +79,8 @@ def run_transformers_cb(item: Item, progress: Progress | None = None) -> Verdict
     with one_torch_thread():  # the engine's thread and the oracle's: two cores, no oversubscription
         if item.spec == SEARCH_SPEC:
             return searched(item)
+        if item.spec == SAMPLING_SPEC:
+            return sampled(item)
         name = item.spec.removeprefix(PLANTED_PREFIX)
         if item.spec.startswith(PLANTED_PREFIX):
             with planted(BY_NAME[name]):
@@ -107,6 +112,13 @@ def searched(item: Item) -> EntryVerdict:
     entry = with_signature(entry, failing.first)
     lines = [f"  {failing.render()}"]
     return EntryVerdict(ENGINE, entry, False, lines, writer(failing, f"{ENGINE}-hypothesis"), label)
+
+
+def sampled(item: Item) -> EntryVerdict:
+    """The sampling item: `generate_batch` with do_sample, every token against the exact p (pooled fit)."""
+    verdict = run_sampling(item.seed)
+    lines = [f"  {verdict.verdict}"] + [f"  {v.render()}" for v in verdict.violations[:3]]
+    return EntryVerdict(ENGINE, sampling_entry(verdict, item.seed), False, lines, label=f"{item.spec} on llama")
 
 
 def with_signature(entry: dict[str, Any], first: Violation | None) -> dict[str, Any]:

@@ -90,6 +90,8 @@ SIGNATURES = (
     "batch-only",
     "sampling",
 )
+SAMPLING_SIGNATURES = ("sampling",)
+"""Given to a sampling decoder's tokens (`sampling_signature`), which a greedy diagnosis never sees."""
 OUTPUT_LEVEL_SIGNATURES = ("batch-only",)
 """Given only where the forwards are not seen (`adapters.blackbox.audit_blackbox`); a decoder's or
 an engine's diagnosis names the cause instead."""

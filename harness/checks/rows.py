@@ -190,6 +190,7 @@ class RowFollower:
         self.draft_orders: Sequence[float] = []  # where no round can span (draft calls; an engine's steps)
         self.views: list[RowView] = []
         self.faults: list[Fault] = []
+        self.last_batch = 0  # rows of the call visited last (`expected_rows`)
 
     @classmethod
     def of_run(cls, run: Run, sequences: Sequence[tuple[int, ...]], oracles: Sequence[tuple[int, ...]]) -> RowFollower:
@@ -291,16 +292,19 @@ class RowFollower:
         for flag in flags:  # lexicographic: each flag outweighs all the ones after it
             base = 2 * base + flag.long()
         continuity = self.continuity(cp.shape)
-        real = (base * (cp.max() + 1) + cp).double() + continuity + 1.0
+        # the history held, through the first input: entries past it are drafts, which say nothing of whose
+        # row it is (under sampling a draft may come true in a twin's future, one of the same prompt)
+        held = torch.minimum(cp, first)
+        real = (base * (cp.max() + 1) + held).double() + continuity + 1.0
         # a row attending nothing (an all-pad prefill row) keeps its place's request, after every real row
         return torch.where(length > 0, real, continuity / 2)
 
     def continuity(self, shape: torch.Size) -> torch.Tensor:
-        """[B, R] in [0, 1): the row a request held before, else its rank in case order if unseen;
-        among twins (see `twin_ranks`), the one served longest ago first."""
+        """[B, R] in [0, 1): the row a request held before (`expected_rows`), else its rank in case
+        order if unseen; among twins (see `twin_ranks`), the one served longest ago first."""
         batch, requests = shape
         rows = torch.arange(batch)[:, None].double()
-        before = torch.tensor([-1 if s.row is None else s.row for s in self.state]).double()[None, :]
+        before = self.expected_rows(batch)[None, :]
         unseen = torch.tensor(self.seen).logical_not()
         rank = (unseen.long().cumsum(0) - 1).double()[None, :]  # rank among requests not yet seen
         spread = 4.0 * (batch + requests + 1)
@@ -309,6 +313,20 @@ class RowFollower:
         by_age = 0.5 + (0.4 - twin_rank[None, :] / requests) + (by_row - 0.4) / (10 * spread)
         seen = torch.where(twins[None, :], by_age, by_row)
         return torch.where(unseen[None, :], 0.8 - (rows - rank).abs() / spread, seen)
+
+    def expected_rows(self, batch: int) -> torch.Tensor:
+        """[R] where each seen request is expected (-1: unseen): its row before, or, when the batch
+        shrank to exactly the requests still running, its rank among them (finished rows removed,
+        the rest kept in order: EQSPEC's realignment). Only a tie of content reads it: twins, which
+        under sampling share a history and then part, would otherwise be taken for each other."""
+        before = [-1 if s.row is None else s.row for s in self.state]
+        running = sorted(
+            (s.row, r) for r, s in enumerate(self.state) if s.row is not None and s.known < int(self.lengths[r])
+        )
+        if len(running) == batch < self.last_batch:
+            for rank, (_, r) in enumerate(running):
+                before[r] = rank
+        return torch.tensor(before).double()
 
     def twin_ranks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """[R] rank by last call among a request's twins, [R] whether it has any. Twins are seen
@@ -352,6 +370,7 @@ class RowFollower:
             live = torch.tensor([r in book.live for r in range(len(self.state))], dtype=torch.bool)  # [R]
             score = torch.where((held > 0) & live[None, :] & ~idle[:, None], score, -1.0)
         pairs = assign(score)
+        self.last_batch = int(obs.past.shape[0])
         tokens, positions, slots = obs.tokens.tolist(), obs.positions.tolist(), obs.slots.tolist()
         own_past = cp >= torch.minimum(obs.past[:, None], self.lengths[None, :])
         self.confirm_prefills(pairs, obs.past.tolist(), tokens, own_past)

@@ -18,9 +18,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from specaudit.adapters.sampling_blackbox import SamplingVerdict, audit_sampling_server
 from specaudit.adapters.vllm_lifecycle import (
     HOST,
     SERVER_ENV,
@@ -30,15 +32,18 @@ from specaudit.adapters.vllm_lifecycle import (
     server_command,
     serving,
 )
-from specaudit.adapters.vllm_metrics import fetch_counts
+from specaudit.adapters.vllm_metrics import SpecCounts, fetch_counts
 from specaudit.adapters.vllm_models import model_directories
 from specaudit.adapters.vllm_report import ConfigurationOutcome, from_report, write_reports
 from specaudit.adapters.vllm_server import (
     SERVER_BLOCK,
+    boundary_prompts,
+    sampling_size,
     server_env,
     speculative_config,
     whitebox_arguments,
     whitebox_options,
+    workaround_env,
     write_prompts,
 )
 from specaudit.artifacts.report import load_report
@@ -50,6 +55,8 @@ from specaudit.reference.vllm_mutants import BY_NAME, PLANT_ENV
 
 WHITEBOX_STARTUP_S = 240.0  # building the engine and the model before the budget starts
 WHITEBOX_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **SERVER_ENV}
+FLAT = "the sampled distributions are nearly flat (mean top-1 probability {:.2f}): the fit sees little"
+ALL_ACCEPTED = "every draft was accepted while sampling: no token was drawn after a rejection"
 
 
 def audit_configuration(
@@ -75,7 +82,8 @@ def blackbox_configuration(
     say(f"{model} / {configuration}: starting vLLM on {url} (log {out / 'server.log'})")
     command = server_command(settings.python, target, port, spec) + list(SERVER_BLOCK)
     try:
-        env = {**SERVER_ENV, **server_env(configuration), **({PLANT_ENV: settings.plant} if settings.plant else {})}
+        env = {**SERVER_ENV, **server_env(configuration), **workaround_env(),
+               **({PLANT_ENV: settings.plant} if settings.plant else {})}  # fmt: skip
         with serving(command, url, out / "server.log", settings.health_timeout_s, env) as server:
             startup = time.monotonic() - start
             say(f"{model} / {configuration}: healthy after {startup:.1f} s (pid {server.pid}); auditing")
@@ -89,13 +97,46 @@ def blackbox_configuration(
             )  # fmt: skip
             run_blackbox(blackbox)
             counts = fetch_counts(url) - before
+            sampling = sampling_configuration(settings, model, configuration, target, url, say)
     except (ServerError, OSError, UsageError) as exc:
         return ConfigurationOutcome(model, configuration, spec, False, "server or audit error", error=str(exc),
                                     wall_s=time.monotonic() - start)  # fmt: skip
     (report,) = load_report(out / "report.json")["entries"]
     figures = from_report(report)
     return ConfigurationOutcome(model, configuration, spec, counts=counts, startup_s=startup,
-                                wall_s=time.monotonic() - start, **figures)  # fmt: skip
+                                wall_s=time.monotonic() - start, sampling=sampling, **figures)  # fmt: skip
+
+
+def sampling_configuration(
+    settings: VllmAuditSettings, model: str, configuration: str, target: Path, url: str, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """The sampling black box on the running server (`adapters.sampling_blackbox`): its summary, the
+    server's acceptance meanwhile and any warning; everything, tokens included, in `sampling.json`.
+    A failure of its own (the server gone, the oracle not loading) is its verdict, not the greedy one's."""
+    out = settings.out / f"{model}-{configuration}"
+    prompts, per_prompt = sampling_size(settings.requests)
+    vocab = int(json.loads((target / "config.json").read_text())["vocab_size"])
+    try:
+        before = fetch_counts(url)
+        verdict = audit_sampling_server(
+            url, target, boundary_prompts(vocab, prompts, settings.seed), per_prompt=per_prompt,
+            max_new_tokens=settings.max_new_tokens, seed=settings.seed, spread_s=settings.spread,
+            model=str(target), timeout_s=settings.request_timeout_s,
+        )  # fmt: skip
+        counts = fetch_counts(url) - before
+    except (OSError, UsageError) as exc:
+        return {"passed": False, "verdict": f"sampling error: {exc}", "error": str(exc)}
+    data = verdict.to_json() | {"counts": asdict(counts) | {"acceptance": counts.acceptance}}
+    data["warnings"] = sampling_warnings(verdict, counts)
+    (out / "sampling.json").write_text(json.dumps(data, indent=1) + "\n")
+    say(f"{model} / {configuration}: sampling {'passed' if verdict.passed else 'FAILED'}: {verdict.verdict}")
+    return {key: value for key, value in data.items() if key != "samples"}
+
+
+def sampling_warnings(verdict: SamplingVerdict, counts: SpecCounts) -> list[str]:
+    """What makes a passing sampling verdict weak: flat distributions, no rejection to draw after."""
+    found = [FLAT.format(verdict.mean_top)] if verdict.flat else []
+    return found + ([ALL_ACCEPTED] if counts.drafted > 0 and counts.accepted >= counts.drafted else [])
 
 
 def whitebox_configuration(

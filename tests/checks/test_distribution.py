@@ -12,7 +12,7 @@ import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from specaudit.checks.distribution import TEST_ALPHA, fits, sampled_tokens
-from specaudit.checks.registry import FAIL, PASS, SAMPLER, evaluate
+from specaudit.checks.registry import FAIL, PASS, SAMPLER, check_named, evaluate
 from specaudit.contracts.case import Case
 from specaudit.contracts.sampling import Sampling, SamplingCase, target_distribution
 from specaudit.numerics.fit import collision_evalue, detectable_shift, ks_fit, randomized_pit, threshold
@@ -26,8 +26,10 @@ MUTANTS = "specaudit.reference.sampling_mutants"
 HERE = "tests.checks.test_distribution"
 
 
-def sampling_case(prompts: tuple[tuple[int, ...], ...], sampling: Sampling, *, k: int = 2, tokens: int = 12,
-                  runs: int = 4, disagree: float = 0.5, seed: int = 3, eos: int | None = None) -> SamplingCase:  # fmt: skip
+def sampling_case(
+    prompts: tuple[tuple[int, ...], ...], sampling: Sampling, *, k: int = 2, tokens: int = 12, runs: int = 4,
+    disagree: float = 0.5, seed: int = 3, eos: int | None = None,
+) -> SamplingCase:  # fmt: skip
     case = Case(prompts, tuple(() for _ in prompts), k, tokens, eos, 0, model="transparent", draft="mixture")
     return SamplingCase(case, sampling, disagree, runs, seed)
 
@@ -162,6 +164,7 @@ def test_the_distribution_check_catches_a_bonus_from_the_draft_with_its_role() -
     first = evaluation.outcome("distribution").violations[0]
     assert first.rule in ("role-fit", "impossible-token")
     assert first.evidence.get("role", first.evidence.get("token_role")) == "bonus", first.render()
+    assert check_named("distribution").signature(first, None)[0] == "sampling"
     assert evaluate(SAMPLER, run_sampling_case(SPEC, scase)).passed
 
 

@@ -17,7 +17,7 @@ import torch
 
 from specaudit.checks import check_equivalence, check_i2, equivalence
 from specaudit.checks.diagnosis import diagnose
-from specaudit.checks.registry import OUTPUT_LEVEL_SIGNATURES, SIGNATURES
+from specaudit.checks.registry import OUTPUT_LEVEL_SIGNATURES, SAMPLING_SIGNATURES, SIGNATURES
 from specaudit.contracts.case import Case
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.reference.eqspec import EqSpec
@@ -147,8 +147,9 @@ EVERY_SIGNATURE: dict[str, tuple[Callable[[], Run], str]] = {
 def test_every_signature_has_a_control() -> None:
     """Every signature a diagnosis gives has a decoder control here; the output-level one
     (`batch-only`) is a black box's, controlled in tests/adapters/test_adapters.py
-    (`test_black_box_audit_catches_a_planted_bug`: attended pads, right alone)."""
-    assert [*EVERY_SIGNATURE, *OUTPUT_LEVEL_SIGNATURES] == list(SIGNATURES)
+    (`test_black_box_audit_catches_a_planted_bug`: attended pads, right alone); `sampling` is a
+    sampling decoder's, controlled in tests/checks/test_distribution.py."""
+    assert [*EVERY_SIGNATURE, *OUTPUT_LEVEL_SIGNATURES, *SAMPLING_SIGNATURES] == list(SIGNATURES)
 
 
 @pytest.mark.parametrize("signature", list(EVERY_SIGNATURE))
