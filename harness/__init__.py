@@ -33,6 +33,11 @@ _PUBLIC: dict[str, str] = {
     "DRAFTS": "specaudit.contracts.builtins:DRAFTS",
     "DTYPE_NAMES": "specaudit.contracts.builtins:DTYPE_NAMES",
     "load_case": "specaudit.artifacts.reproducer:load_case",
+    # Sampling decoders: the settings, the target distribution, a sampling case and its runs.
+    "Sampling": "specaudit.contracts.sampling:Sampling",
+    "SamplingCase": "specaudit.contracts.sampling:SamplingCase",
+    "target_distribution": "specaudit.contracts.sampling:target_distribution",
+    "run_sampling_case": "specaudit.running.sampling:run_sampling_case",
     # The cache across transformers versions (4.51 to 5.x).
     "cache_layers": "specaudit.models.compat:cache_layers",
     "filled_layers": "specaudit.models.compat:filled_layers",

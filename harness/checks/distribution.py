@@ -91,7 +91,8 @@ def judge_tokens(tokens: list[SampledToken]) -> list[Violation]:
         if tested[role].rejects:
             found.append(role_violation(role, tested[role], [t for t in tokens if t.role.role == role]))
     if tested["all"].rejects and not any(tested[role].rejects for role in ROLES):
-        found.append(fit_violation("pooled-fit", "sampled tokens", tested["all"], tokens[0] if tokens else None))
+        facts = fit_facts("sampled tokens", tested["all"], tokens[0] if tokens else None)
+        found.append(Violation("distribution", "pooled-fit", *facts[:2], evidence=facts[2]))
     return found
 
 
@@ -155,15 +156,16 @@ def role_violation(role: str, fit: Fit, tokens: list[SampledToken]) -> Violation
         by_slot[t.role.slot].append(t)
     slots = {slot: ks_fit([t.u for t in group], TEST_ALPHA) for slot, group in sorted(by_slot.items())}
     worst = max(slots, key=lambda s: slots[s].distance / slots[s].bound if slots[s].n else 0.0)
-    first = by_slot[worst][0]
-    words = ROLE_WORDS[role] + (f" after {worst} accepted draft(s)" if role != "plain" else "")
-    violation = fit_violation("role-fit", words, fit, first)
+    found, expected, evidence = fit_facts(ROLE_WORDS[role], fit, by_slot[worst][0])
+    if role != "plain":
+        found += f"; most off after {worst} accepted draft(s): {slots[worst].n} tokens at {slots[worst].distance:.3f}"
     slot_facts = {str(s): {"n": f.n, "distance": round(f.distance, 4)} for s, f in slots.items()}
-    violation.evidence.update(role=role, slot=worst, slots=slot_facts)
-    return violation
+    evidence.update(role=role, slot=worst, slots=slot_facts)
+    return Violation("distribution", "role-fit", found, expected, evidence=evidence)  # pooled: no one call or row
 
 
-def fit_violation(rule: str, words: str, fit: Fit, first: SampledToken | None) -> Violation:
+def fit_facts(words: str, fit: Fit, first: SampledToken | None) -> tuple[str, str, dict[str, object]]:
+    """(found, expected, evidence) of a rejected fit: the distance against its bound, its power, where it leans."""
     found = (
         f"{fit.n} {words} at KS distance {fit.distance:.3f} from the target's p: {fit.direction} "
         f"({fit.below:.0%} of them within p's likeliest {fit.at:.0%} of mass)"
@@ -174,7 +176,7 @@ def fit_violation(rule: str, words: str, fit: Fit, first: SampledToken | None) -
     )
     evidence = {"n": fit.n, "distance": fit.distance, "bound": fit.bound, "shift": fit.shift, "alpha": fit.alpha,
                 "p_bound": fit.p_bound, **(where(first) if first else {})}  # fmt: skip
-    return Violation("distribution", rule, found, expected, evidence=evidence)  # pooled: no one call or row
+    return found, expected, evidence
 
 
 ROLE_WORDS = {

@@ -155,8 +155,9 @@ def search_sampling(
         if result.cases_run >= max_examples:
             break
         state = _Round()
+        draws = sampling_cases() if strategy is None else strategy
         minimal = search_round(spec, factory, state, max_examples - result.cases_run, derived_seed(seed, index),
-                               set_aside, shrink_budget, strategy or sampling_cases(), result, on_run)  # fmt: skip
+                               set_aside, shrink_budget, draws, result, on_run)  # fmt: skip
         result.cases_run += state.examples
         if minimal is None or state.target is None:
             break

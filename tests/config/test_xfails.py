@@ -66,7 +66,7 @@ def test_valid_entries_load_and_start_unused(tmp_path: Path) -> None:
             "unknown check 'I-2'",
             "should be one of contract, I1",
         ),
-        ("* * X* *", "unknown check 'X*'", "order-independence or *"),
+        ("* * X* *", "unknown check 'X*'", "distribution or *"),
         ("* * I2 attends-wrong", "unknown rule 'attends-wrong' for check I2", "should be one of attends-wrong-slot"),
         ("* * I1 row-identity", "unknown rule 'row-identity' for check I1", "row-attends-nothing"),
         ("* * I* zzz*", "unknown rule 'zzz*' for checks I*", "input-token"),

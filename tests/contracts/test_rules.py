@@ -28,7 +28,6 @@ LOCAL_EMITTERS = {
     ("checks/rows.py", "slot_fault"): "I2",
     ("checks/engine.py", "fault_at"): "I2",
     ("checks/paged.py", "bad"): "paged",
-    ("checks/distribution.py", "fit_violation"): "distribution",
 }
 RULE_VARIABLES = {"checks/i1.py": "I1", "checks/rows.py": "I2", "checks/engine.py": "I2"}
 """Modules whose `rule = ...` assignments hold rules of one check."""

@@ -1,0 +1,1 @@
+"""Public batched speculative decoders transcribed as specaudit sampling decoders ("in the wild")."""

@@ -1,0 +1,106 @@
+"""Confirm, without specaudit, what specaudit found in Pleto/speculative-sampling-pytorch's batched sampler.
+
+Its acceptance is random (`torch.rand` against min(1, p/q)) but every token it draws is an argmax: the drafts, the
+token after a rejection (argmax of max(0, p - q), with q from the wrong slot) and the bonus (read at the batch's last
+column). On two tiny random Llamas this script measures:
+
+  A. the first token at a fixed prompt over many seeds (temperature 1, no filtering) against the target's exact p,
+     and how often two rows of one prompt emit the same first token against sum_x p(x)^2 for independent rows;
+  B. a ragged batch (prompts of 1 and 2 tokens, top-p 0.5): the share of emitted tokens that top-p forbids given the
+     row's own prefix (the rejected row's position is read through an index among the *active* rows, applied to the
+     whole batch, and the bonus at the last column);
+  C. a batch of one row with a draft that disagrees: generate() raises (a 0-d tensor added to a 1-element one).
+
+Run: .venv/bin/python tests/wild/confirm/pleto_argmax.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run as a script: the repository root
+
+from tests.wild.confirm.common import VOCAB, assert_standalone, chi_square, exact_p, tiny_llama  # noqa: E402
+from tests.wild.pleto import PletoBatchedSpeculativeSampling  # noqa: E402  (the re-implementation: pure torch)
+
+
+def run(target, draft, prompts, seed, *, temperature=1.0, top_k=None, top_p=None, k=2, new=2):
+    """One call of the re-implemented decoder on left-padded prompts."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return PletoBatchedSpeculativeSampling().generate(
+        target, draft, ids, mask, num_draft_tokens=k, max_new_tokens=new, eos_token_id=None, pad_token_id=0,
+        temperature=temperature, top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def part_a(target, draft, seeds: int = 200, batch: int = 8) -> dict:
+    prompt = [3, 7, 1]
+    outs = [run(target, draft, [prompt] * batch, seed) for seed in range(seeds)]
+    first = torch.tensor([[row[0] for row in out] for out in outs])  # [seeds, batch]
+    p = exact_p(target, [prompt], (1.0, None, None))[0]
+    counts = torch.bincount(first.flatten(), minlength=VOCAB).double()
+    same = (first[:, :, None] == first[:, None, :]).double()
+    pairs = same.sum() - same.diagonal(dim1=1, dim2=2).sum()
+    return {
+        "samples": int(counts.sum()),
+        "distinct first tokens": int((counts > 0).sum()),
+        "p of the likeliest token": float(p.max()),
+        "chi-square vs exact p (stat, df, p-value)": chi_square(counts, p),
+        "two rows agree: observed vs independent (sum p^2)": (
+            float(pairs / (seeds * batch * (batch - 1))),
+            float((p**2).sum()),
+        ),
+    }
+
+
+@torch.no_grad()
+def part_b(target, draft, seeds: int = 100) -> dict:
+    prompts = [[5], [9, 4]]
+    sampling = (1.0, None, 0.5)
+    emitted = forbidden = 0
+    for seed in range(seeds):
+        out = run(target, draft, prompts, seed, top_p=0.5, k=3, new=4)
+        for prompt, row in zip(prompts, out):
+            prefixes = [prompt + row[:i] for i in range(len(row))]
+            p = torch.cat([exact_p(target, [pre], sampling) for pre in prefixes])
+            forbidden += int((p[torch.arange(len(row)), torch.tensor(row)] == 0).sum())
+            emitted += len(row)
+    return {"tokens": emitted, "outside top-p given their own prefix": forbidden / emitted}
+
+
+@torch.no_grad()
+def part_c(target, draft) -> str:
+    for seed in range(20):
+        try:
+            run(target, draft, [[3, 7, 1]], seed, k=3, new=8)
+        except RuntimeError as exc:
+            return f"raises on seed {seed}: RuntimeError: {exc}"
+    return "no error in 20 seeds"
+
+
+def main() -> None:
+    target, draft = tiny_llama(0), tiny_llama(1)
+    a, b, c = part_a(target, draft), part_b(target, draft), part_c(target, draft)
+    assert_standalone()
+    print("Pleto batched speculative sampling, re-implemented; tiny random Llamas, K = 2 (B: K = 3)")
+    print("A. first token at one prompt, temperature 1")
+    for key, value in a.items():
+        print(f"   {key}: {value}")
+    print("B. ragged batch (1- and 2-token prompts), top-p 0.5")
+    for key, value in b.items():
+        print(f"   {key}: {value}")
+    print(f"C. one row, K = 3: {c}")
+    biased = a["chi-square vs exact p (stat, df, p-value)"][2] < 1e-6
+    print("VERDICT:", "BIASED: argmax draws, not samples of p" if biased else "no bias detected",
+          "| forbidden tokens emitted" if b["outside top-p given their own prefix"] > 0 else "",
+          "| crashes at batch size 1" if c.startswith("raises") else "")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
