@@ -16,7 +16,7 @@ from specaudit.adapters.vllm_server import sampling_size, workaround_env
 from specaudit.artifacts.report import entry, write_report
 from specaudit.config.settings import VllmAuditSettings
 from specaudit.numerics.fit import ALPHA
-from specaudit.reference.vllm_mutants import WORKAROUNDS, WORKAROUNDS_ENV
+from specaudit.reference.vllm_mutants import BY_NAME, WORKAROUNDS, WORKAROUNDS_ENV
 
 WHITEBOX_EVIDENCE = "every target forward's paged layout and every request's outputs, in process, on drawn workloads"
 WHITEBOX_NOTE = ("White box: workloads Hypothesis drew through an in-process engine (drawn), preemptions vLLM made, "
@@ -194,12 +194,21 @@ def whitebox_cells(whitebox: dict[str, Any] | None) -> str:
 
 def sampling_header(settings: VllmAuditSettings) -> str:
     """What the sampling black box sent per configuration, and the vLLM defects worked around meanwhile."""
-    prompts, per_prompt = sampling_size(settings.requests)
+    sizes = ", ".join(
+        f"{m} {p} prompts x {r}" for m in settings.models for p, r in [sampling_size(settings.requests, m)]
+    )
     names = ", ".join(f"`{n}`" for n in worked_around()) or "none"
-    return (f"Sampling black box: {prompts} prompts x {per_prompt} seeded requests of {settings.max_new_tokens} "
-            f"tokens at {SAMPLING!r}, false alarm <= {ALPHA:g} per verdict, a token outside top-k/top-p impossible "
+    return (f"Sampling black box: seeded requests of {settings.max_new_tokens} tokens ({sizes}) "
+            f"at {SAMPLING!r}, false alarm <= {ALPHA:g} per verdict, a token outside top-k/top-p impossible "
             f"beyond a logit margin of {SUPPORT_MARGIN:g}. vLLM defects worked around in every server: {names} "
             f"(below; `{WORKAROUNDS_ENV}=` serves vLLM as shipped).")  # fmt: skip
+
+
+def planted_expectation(name: str) -> str:
+    """What a planted bug should fail: both levels, or (a bug only sampling shows) the sampling verdicts."""
+    if BY_NAME[name].check == "distribution":
+        return "a negative control only sampling sees: the speculative configurations' sampling verdicts should fail"
+    return "a negative control: both levels should fail"
 
 
 def worked_around() -> list[str]:
@@ -215,9 +224,7 @@ def write_reports(
               f"{settings.whitebox_minutes:g} min per configuration; total wall time {wall_s:.0f} s. "
               f"{sampling_header(settings)}")  # fmt: skip
     if settings.plant:
-        header += (
-            f" Planted in every server and white box: `{settings.plant}` (a negative control: both levels should fail)."
-        )
+        header += f" Planted in every server and white box: `{settings.plant}` ({planted_expectation(settings.plant)})."
     text = render_markdown(outcomes, header)
     settings.out.mkdir(parents=True, exist_ok=True)
     (settings.out / "report.md").write_text(text)

@@ -114,7 +114,7 @@ def sampling_configuration(
     server's acceptance meanwhile and any warning; everything, tokens included, in `sampling.json`.
     A failure of its own (the server gone, the oracle not loading) is its verdict, not the greedy one's."""
     out = settings.out / f"{model}-{configuration}"
-    prompts, per_prompt = sampling_size(settings.requests)
+    prompts, per_prompt = sampling_size(settings.requests, model)
     vocab = int(json.loads((target / "config.json").read_text())["vocab_size"])
     try:
         before = fetch_counts(url)

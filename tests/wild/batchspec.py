@@ -117,7 +117,9 @@ def get_sampling_probs(logits: torch.Tensor, top_p: float, top_k: int, temperatu
     return probs.reshape(bsz, seqlen, voc_size)
 
 
-def sample(logits: torch.Tensor, top_p: float, top_k: int, temperature: float, generator: torch.Generator) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, top_p: float, top_k: int, temperature: float, generator: torch.Generator
+) -> torch.Tensor:
     if len(logits.shape) == 2:
         bsz, voc_size = logits.shape
         seqlen = 1
@@ -159,7 +161,9 @@ class BatchSpecStandalone:
         self, draft_tokens: torch.Tensor, target_logits: torch.Tensor, draft_logits: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The sampling branch of `BaseEngine.evaluate_posterior`: (bonus_tokens [B, 1], accept_nums [B])."""
-        target_probs = get_sampling_probs(target_logits, top_p=self.top_p, top_k=self.top_k, temperature=self.temperature)
+        target_probs = get_sampling_probs(
+            target_logits, top_p=self.top_p, top_k=self.top_k, temperature=self.temperature
+        )
         draft_probs = get_sampling_probs(draft_logits, top_p=self.top_p, top_k=self.top_k, temperature=self.temperature)
         draft_tokens = fix_invalid_draft_tokens(draft_tokens, draft_probs)
         output_tokens, _, emitted_nums = chain_speculative_sampling(
@@ -206,7 +210,7 @@ class BatchSpecStandalone:
         while min(map(len, output)) < max_new_tokens:  # adapter: every row to its budget (see the header)
             context = [p + o for p, o in zip(prompts, output)]
             logits_buffer = []
-            for i in range(k):  # Standalone Draft
+            for _ in range(k):  # Standalone Draft
                 rows = [c + t for c, t in zip(context, tokens_buffer.tolist())]
                 draft_logits = self.logits(draft, rows, 1)  # [B, 1, V]
                 draft_tokens = sample(draft_logits, self.top_p, self.top_k, temperature, generator)  # [B, 1]

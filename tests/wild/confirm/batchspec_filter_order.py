@@ -6,7 +6,7 @@ is not the one it samples its first token from, (2) drafts are drawn from one q 
 (3) `fix_invalid_draft_tokens` swaps a draft outside the verifying q's support for argmax q *for the test only*,
 while the engine emits the original draft. This script measures the emitted token's distribution:
 
-  A. one verification slot on fixed categorical logits (K = 1, 40000 rows), against HF's exact p;
+  A. one verification slot on fixed categorical logits (K = 1, 20000 rows), against HF's exact p;
   B. the whole transcribed decoder on two tiny random Llamas: the second token (the first one verified) at a fixed
      prompt over many seeds, against its exact marginal sum_x1 p(x1) p(x2 | x1).
 
@@ -22,6 +22,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run as a script: the repository root
 
+from tests.wild.batchspec import (  # noqa: E402  (the transcription: pure torch)
+    BatchSpecStandalone,
+    chain_speculative_sampling,
+    fix_invalid_draft_tokens,
+    get_sampling_probs,
+    sample,
+)
 from tests.wild.confirm.common import (  # noqa: E402
     VOCAB,
     assert_standalone,
@@ -31,18 +38,11 @@ from tests.wild.confirm.common import (  # noqa: E402
     tiny_llama,
     total_variation,
 )
-from tests.wild.batchspec import (  # noqa: E402  (the transcription: pure torch)
-    BatchSpecStandalone,
-    chain_speculative_sampling,
-    fix_invalid_draft_tokens,
-    get_sampling_probs,
-    sample,
-)
 
 T, TOP_K, TOP_P = 1.0, 5, 0.6
 
 
-def part_a(rows: int = 40000) -> dict:
+def part_a(rows: int = 20000) -> dict:
     """One slot: draft d ~ sample(draft logits); accept/residual by chain sampling over get_sampling_probs."""
     g = torch.Generator().manual_seed(0)
     target_logits = torch.tensor([3.0, 2.6, 2.2, 2.0, 1.9, 1.5, 1.0, 0.5] + [0.0] * 8, dtype=torch.float64)
@@ -106,7 +106,7 @@ def main() -> None:
     a, b = part_a(), part_b()
     assert_standalone()
     print(f"BatchSpec sampling path, temperature {T}, top_k {TOP_K}, top_p {TOP_P}")
-    print("A. one verification slot, categorical logits, 40000 rows")
+    print("A. one verification slot, categorical logits, 20000 rows")
     for key, value in a.items():
         print(f"   {key}: {value}")
     print("B. transcribed decoder on tiny random Llamas (K = 2)")

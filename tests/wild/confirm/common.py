@@ -33,10 +33,32 @@ def tiny_llama(seed: int, vocab: int = VOCAB, scale: float = 0.4) -> LlamaForCau
 
 
 @torch.no_grad()
+def perturbed(model: LlamaForCausalLM, seed: int, eps: float) -> LlamaForCausalLM:
+    """A draft close to `model`: its copy with Gaussian noise of std `eps` added to the output head, so it agrees
+    with the target often and not always."""
+    draft = LlamaForCausalLM(model.config).double().eval()
+    draft.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    head = draft.lm_head.weight
+    head.add_(eps * torch.randn(head.shape, generator=g, dtype=head.dtype))
+    return draft
+
+
+@torch.no_grad()
 def exact_p(model: torch.nn.Module, prefixes: Sequence[Sequence[int]], sampling: tuple) -> torch.Tensor:
     """[N, V] the target's exact next-token distribution after each prefix (same length), HF's warpers in order."""
     ids = torch.tensor([list(p) for p in prefixes])
     logits = model(input_ids=ids, use_cache=False).logits[:, -1].double()
+    return torch.softmax(hf_warp(logits, *sampling), dim=-1)
+
+
+@torch.no_grad()
+def exact_p_along(
+    model: torch.nn.Module, prompt: Sequence[int], tokens: Sequence[int], sampling: tuple
+) -> torch.Tensor:
+    """[n, V] the target's exact distribution at each of the n tokens of a row, given the row's own prefix."""
+    ids = torch.tensor([list(prompt) + list(tokens)[:-1]])
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 :].double()
     return torch.softmax(hf_warp(logits, *sampling), dim=-1)
 
 

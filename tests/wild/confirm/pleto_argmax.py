@@ -6,9 +6,10 @@ column). On two tiny random Llamas this script measures:
 
   A. the first token at a fixed prompt over many seeds (temperature 1, no filtering) against the target's exact p,
      and how often two rows of one prompt emit the same first token against sum_x p(x)^2 for independent rows;
-  B. a ragged batch (prompts of 1 and 2 tokens, top-p 0.5): the share of emitted tokens that top-p forbids given the
-     row's own prefix (the rejected row's position is read through an index among the *active* rows, applied to the
-     whole batch, and the bonus at the last column);
+  B. ragged batches (80 random pairs of a 1- and a 2-token prompt, top-p 0.5, K = 3, 2 new tokens): tokens top-p
+     forbids given the row's own prefix (a rejected row's position is read through an index among the *active* rows
+     applied to the whole batch; the bonus at the batch's last column), and rows returned short (a residual that is
+     all zeros, from q of the wrong slot, has argmax 0, and token id 0 is dropped while still counted as generated);
   C. a batch of one row with a draft that disagrees: generate() raises (a 0-d tensor added to a 1-element one).
 
 Run: .venv/bin/python tests/wild/confirm/pleto_argmax.py
@@ -23,7 +24,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run as a script: the repository root
 
-from tests.wild.confirm.common import VOCAB, assert_standalone, chi_square, exact_p, tiny_llama  # noqa: E402
+from tests.wild.confirm.common import (  # noqa: E402
+    VOCAB,
+    assert_standalone,
+    chi_square,
+    exact_p,
+    exact_p_along,
+    perturbed,
+    tiny_llama,
+)
 from tests.wild.pleto import PletoBatchedSpeculativeSampling  # noqa: E402  (the re-implementation: pure torch)
 
 
@@ -39,7 +48,7 @@ def run(target, draft, prompts, seed, *, temperature=1.0, top_k=None, top_p=None
 
 
 @torch.no_grad()
-def part_a(target, draft, seeds: int = 200, batch: int = 8) -> dict:
+def part_a(target, draft, seeds: int = 60, batch: int = 8) -> dict:
     prompt = [3, 7, 1]
     outs = [run(target, draft, [prompt] * batch, seed) for seed in range(seeds)]
     first = torch.tensor([[row[0] for row in out] for out in outs])  # [seeds, batch]
@@ -60,18 +69,26 @@ def part_a(target, draft, seeds: int = 200, batch: int = 8) -> dict:
 
 
 @torch.no_grad()
-def part_b(target, draft, seeds: int = 100) -> dict:
-    prompts = [[5], [9, 4]]
+def part_b(target, draft, pairs: int = 80) -> dict:
+    """Random prompt pairs of 1 and 2 tokens, one seed each."""
     sampling = (1.0, None, 0.5)
-    emitted = forbidden = 0
-    for seed in range(seeds):
-        out = run(target, draft, prompts, seed, top_p=0.5, k=3, new=4)
+    g = torch.Generator().manual_seed(0)
+    emitted = forbidden = short = 0
+    for i in range(pairs):
+        prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (1, 2)]
+        out = run(target, draft, prompts, i, top_p=0.5, k=3, new=2)
         for prompt, row in zip(prompts, out):
-            prefixes = [prompt + row[:i] for i in range(len(row))]
-            p = torch.cat([exact_p(target, [pre], sampling) for pre in prefixes])
-            forbidden += int((p[torch.arange(len(row)), torch.tensor(row)] == 0).sum())
-            emitted += len(row)
-    return {"tokens": emitted, "outside top-p given their own prefix": forbidden / emitted}
+            short += len(row) < 2  # no EOS in this run: every row is owed 2 tokens
+            if row:
+                p = exact_p_along(target, prompt, row, sampling)
+                forbidden += int((p[torch.arange(len(row)), torch.tensor(row)] == 0).sum())
+                emitted += len(row)
+    return {
+        "rows": 2 * pairs,
+        "tokens": emitted,
+        "outside top-p given their own prefix": forbidden,
+        "rows returned short of max_new_tokens (no EOS)": short,
+    }
 
 
 @torch.no_grad()
@@ -85,20 +102,22 @@ def part_c(target, draft) -> str:
 
 
 def main() -> None:
-    target, draft = tiny_llama(0), tiny_llama(1)
+    target = tiny_llama(0)
+    draft = perturbed(target, 1, 0.5)  # a draft that agrees with the target often, not always
     a, b, c = part_a(target, draft), part_b(target, draft), part_c(target, draft)
     assert_standalone()
     print("Pleto batched speculative sampling, re-implemented; tiny random Llamas, K = 2 (B: K = 3)")
     print("A. first token at one prompt, temperature 1")
     for key, value in a.items():
         print(f"   {key}: {value}")
-    print("B. ragged batch (1- and 2-token prompts), top-p 0.5")
+    print("B. ragged batches (1- and 2-token prompts), top-p 0.5, K = 3")
     for key, value in b.items():
         print(f"   {key}: {value}")
     print(f"C. one row, K = 3: {c}")
     biased = a["chi-square vs exact p (stat, df, p-value)"][2] < 1e-6
     print("VERDICT:", "BIASED: argmax draws, not samples of p" if biased else "no bias detected",
           "| forbidden tokens emitted" if b["outside top-p given their own prefix"] > 0 else "",
+          "| rows stop short" if b["rows returned short of max_new_tokens (no EOS)"] > 0 else "",
           "| crashes at batch size 1" if c.startswith("raises") else "")  # fmt: skip
 
 
