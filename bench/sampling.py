@@ -10,7 +10,7 @@ Each part writes bench/results/sampling_<part>.json; `markdown` renders them all
 bench/results/sampling.md.
 
 calibration  Every correct design (`audits.sampling.DESIGNS`) on one case per seed, the case drawn
-             from the seed with the audit's own settings space (`case_of`); the verdict's family
+             from the seed over the audit's settings (`case_of`; 1 to 8 runs); the verdict's family
              p-value bound (the smallest fit p-value bound times FAMILY, or the independence
              evidence's 1 / E, times FAMILY) is counted at 1e-6 (the stated rate), 1e-3 and 0.05.
 power        The dial `bonus_mixture(e)` (bonus drawn from (1 - e) p + e q) searched at the audit's
@@ -189,7 +189,7 @@ def markdown() -> str:
     if data["calibration"]:
         c = data["calibration"]
         parts += [f"## False alarms of the correct designs ({c['seeds']} seeds each)", "",
-                  "One drawn case per seed (`case_of(seed)`: the audit's settings space); a verdict's family "
+                  "One drawn case per seed (`case_of(seed)`: the audit's settings, 1 to 8 runs); a verdict's family "
                   "p-value bound counted at the stated rate and at two larger levels, where a rate can be seen.",
                   "", "| design | seeds | verdicts failed | p <= 1e-6 (stated) | p <= 1e-3 | p <= 0.05 | tokens "
                   "(median) | detectable shift (median) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip

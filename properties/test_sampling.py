@@ -21,8 +21,8 @@ from specaudit.search.sampling import sampling_cases
 
 pytestmark = pytest.mark.specaudit
 
-SAMPLING_EXAMPLES = 12
-"""Sampling cases per decoder (each is several seeded runs of a batch): about 20 s on one core."""
+SAMPLING_EXAMPLES = 6
+"""Sampling cases per decoder (each is several seeded runs of a batch): about 10 s on one core; the audit draws more."""
 
 
 @settings(max_examples=SAMPLING_EXAMPLES, deadline=None)
