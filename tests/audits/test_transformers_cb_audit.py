@@ -29,6 +29,7 @@ def test_the_default_audit_runs_every_entry_point_the_search_and_every_planted_b
         "smoke:manager",
         "smoke:generate",
         "hypothesis",
+        "sampling",
     ]
     assert [i.spec for i in items if i.expect_failure] == [f"planted:{m.name}" for m in MUTANTS]
     assert next(i for i in items if i.spec == "hypothesis").examples == 30  # at most SEARCH_EXAMPLES
