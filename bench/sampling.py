@@ -54,7 +54,7 @@ from specaudit.search.sampling import DISAGREE, TEMPERATURES, TOP_K, TOP_P, samp
 
 RESULTS = Path(__file__).parent / "results"
 LEVELS = (1e-6, 1e-3, 0.05)
-DIAL = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+DIAL = (0.1, 0.2, 0.3, 0.5, 1.0)
 
 
 def case_of(seed: int) -> SamplingCase:

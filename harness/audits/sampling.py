@@ -43,7 +43,7 @@ DESIGNS = (
     "specaudit.reference.sampling:RecomputeSampling",
 )
 """The correct sampling designs the default audit holds to a pass, each built differently."""
-EXAMPLES = 10
+EXAMPLES = 6
 """Sampled cases per correct design (each case is several seeded runs)."""
 PLANTED_EXAMPLES = 30
 """Sampled cases a planted sampling bug may take to be caught (a bound; most need a few)."""
