@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -137,14 +137,6 @@ class SamplingCase:
     def run_seed(self, index: int) -> int:
         """The generator seed of run `index` (runs of one case never share a stream)."""
         return zlib.crc32(f"{self.seed}:{index}".encode()) & 0x7FFFFFFF
-
-    @property
-    def tokens_bound(self) -> int:
-        """At most this many sampled tokens are pooled."""
-        return self.runs * self.case.batch_size * self.case.max_new_tokens
-
-    def shrunk(self, **changes: Any) -> SamplingCase:
-        return replace(self, **changes)
 
     def __repr__(self) -> str:
         c = self.case

@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from specaudit.contracts.case import Case
-from specaudit.contracts.decoder import ContractError, load_decoder
+from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.sampling import SamplingCase, target_distribution
 from specaudit.fixtures.pairs import target_model
 from specaudit.fixtures.sampling import mixture_draft
@@ -39,19 +39,6 @@ class SampledRun:
     runs: list[Run]  # one per seed, in order; the first that broke the contract ends the list
     target: torch.nn.Module
     cached: dict[str, Any] = field(default_factory=dict, repr=False)  # check -> what it computed
-
-    @property
-    def error(self) -> ContractError | None:
-        return next((run.error for run in self.runs if run.error is not None), None)
-
-    @property
-    def seconds(self) -> float:
-        """The decoder's own time, all runs."""
-        return sum(run.seconds for run in self.runs)
-
-    @property
-    def sampled_tokens(self) -> int:
-        return sum(run.generated_tokens for run in self.runs)
 
     def distribution(self, run: int, row: int) -> torch.Tensor:
         """[n, V] float64: p of each of row `row`'s n sampled tokens in run `run`, given its own prefix."""
