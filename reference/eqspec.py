@@ -82,13 +82,20 @@ class EqSpec:
         self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[BatchState, torch.Tensor]:
         """Run both models over the left-padded prompts; the target's argmax is the first token."""
+        state, last = self.prefill_logits(target, draft, input_ids, attention_mask)
+        state.pending = last.argmax(-1)  # [B]
+        return state, state.pending
+
+    def prefill_logits(
+        self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[BatchState, torch.Tensor]:
+        """The prefill's state (pending not yet chosen) and the target's last logits [B, V]."""
         mask = attention_mask.long()
         positions = left_pad_positions(mask)  # [B, T]
         logits, target_cache = call_model(target, input_ids, mask, positions, DynamicCache())  # [B, T, V]
         _, draft_cache = call_model(draft, input_ids, mask, positions, DynamicCache())
-        first = logits[:, -1].argmax(-1)  # [B]
         rows = torch.arange(input_ids.shape[0])
-        return BatchState(rows, mask, mask, first, target_cache, draft_cache), first
+        return BatchState(rows, mask, mask, torch.zeros_like(rows), target_cache, draft_cache), logits[:, -1]
 
     def positions(self, state: BatchState, mask: torch.Tensor, width: int, role: str) -> torch.Tensor | None:
         """Position ids [B, width] of `width` new inputs after a cache whose real slots are
@@ -118,13 +125,17 @@ class EqSpec:
 
     def batch_verify(self, target: torch.nn.Module, state: BatchState, drafts: torch.Tensor) -> torch.Tensor:
         """One target forward over [pending, drafts]; returns the target's argmax [B, K + 1]."""
+        return self.verify_logits(target, state, drafts).argmax(-1)
+
+    def verify_logits(self, target: torch.nn.Module, state: BatchState, drafts: torch.Tensor) -> torch.Tensor:
+        """The verify forward over [pending, drafts]; returns its logits [B, K + 1, V]."""
         block = torch.cat([state.pending[:, None], drafts], dim=1)  # [B, K + 1]
         positions = self.positions(state, state.mask, block.shape[1], "target")  # [B, K + 1]
         mask = torch.cat([state.mask, state.mask.new_ones(block.shape)], dim=1)  # [B, S + K + 1]
         logits, state.target_cache = call_model(
             target, block, self.call_mask(state, mask, "target"), positions, state.target_cache
         )
-        return logits.argmax(-1)
+        return logits
 
     @staticmethod
     def accept(drafts: torch.Tensor, predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -82,7 +82,7 @@ class SampledRounds(EqSpec):
         sampling = Sampling(temperature, top_k, top_p)
         rng = self.streams(generator, input_ids.shape[0])
         out: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
-        state, last = self.start(target, draft, input_ids, attention_mask)  # last: [B, V]
+        state, last = self.prefill_logits(target, draft, input_ids, attention_mask)  # last: [B, V]
         state.pending = self.draw_plain(self.target_probs(last, sampling), state, rng)  # [B]
         finished = self.commit(out, state.rows, [[t] for t in state.pending.tolist()], max_new_tokens, eos_token_id)
         state = self.drop_finished(state, finished)
@@ -96,18 +96,6 @@ class SampledRounds(EqSpec):
         return out
 
     # -- the models: EQSPEC's calls, logits kept ------------------------------------------------------
-
-    def start(
-        self, target: torch.nn.Module, draft: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[BatchState, torch.Tensor]:
-        """EQSPEC's prefill, keeping the target's last logits [B, V] to sample the first token from."""
-        mask = attention_mask.long()
-        positions = left_pad_positions(mask)  # [B, T]
-        logits, target_cache = call_model(target, input_ids, mask, positions, DynamicCache())  # [B, T, V]
-        _, draft_cache = call_model(draft, input_ids, mask, positions, DynamicCache())
-        rows = torch.arange(input_ids.shape[0])
-        pending = torch.zeros_like(rows)  # drawn by the caller
-        return BatchState(rows, mask, mask, pending, target_cache, draft_cache), logits[:, -1]
 
     def propose_sampled(
         self, draft: torch.nn.Module, state: BatchState, k: int, sampling: Sampling, rng: Any
@@ -130,16 +118,6 @@ class SampledRounds(EqSpec):
                 drafts.append(token)
         drafts_t = torch.cat(drafts, dim=1) if drafts else state.pending.new_zeros(batch, 0)
         return drafts_t, torch.stack(qs, dim=1)
-
-    def verify_logits(self, target: torch.nn.Module, state: BatchState, drafts: torch.Tensor) -> torch.Tensor:
-        """One target forward over [pending, drafts], as EQSPEC's batch_verify; returns its logits [B, K + 1, V]."""
-        block = torch.cat([state.pending[:, None], drafts], dim=1)  # [B, K + 1]
-        positions = self.positions(state, state.mask, block.shape[1], "target")  # [B, K + 1]
-        mask = torch.cat([state.mask, state.mask.new_ones(block.shape)], dim=1)  # [B, S + K + 1]
-        logits, state.target_cache = call_model(
-            target, block, self.call_mask(state, mask, "target"), positions, state.target_cache
-        )
-        return logits
 
     def target_probs(self, logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
         """p: the target's distribution after temperature, top-k, top-p. [..., V] float64"""
