@@ -14,7 +14,6 @@ choices), so the profile's examples are distinct cases (`specaudit.config.profil
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -24,11 +23,10 @@ from hypothesis import event, given, reject
 from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 
+from specaudit.audits.sampling import samples
 from specaudit.checks.registry import NOT_APPLICABLE, CheckOutcome, check_named, outcome_of
 from specaudit.commands.pytest_notes import remember_failure
 from specaudit.contracts.case import Case
-from specaudit.contracts.decoder import load_decoder
-from specaudit.contracts.sampling import declares_sampling
 from specaudit.contracts.violation import explain
 from specaudit.running.runner import Run, cached_run
 from specaudit.search.strategies import cases
@@ -130,11 +128,6 @@ def check_drawn(name: str, decoder: str, model: str, data: st.DataObject, reques
     if samples(decoder):
         pytest.skip(f"{decoder} samples: it is judged in distribution (properties/test_sampling.py)")
     assert_check(name, decoder, data.draw(cases(model), label="case"), request)
-
-
-@functools.cache
-def samples(decoder: str) -> bool:
-    return declares_sampling(load_decoder(decoder))
 
 
 @conformance("contract")

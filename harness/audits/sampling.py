@@ -51,6 +51,7 @@ MAX_FAILURES = 4
 """Distinct failure classes a decoder under test is searched for (each set aside once shrunk)."""
 
 
+@functools.cache
 def samples(spec: str) -> bool:
     """Does `spec` name a decoder that declares `samples = True` (on its class, or its factory)?"""
     return declares_sampling(load_decoder(spec))

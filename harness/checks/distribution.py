@@ -11,7 +11,6 @@ limit without EOS.
 
 from __future__ import annotations
 
-import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ import torch
 from specaudit.checks.i2 import row_views
 from specaudit.checks.roles import ROLES, UNKNOWN_ROLE, Role, decisions, roles_of
 from specaudit.contracts.violation import Violation
-from specaudit.numerics.fit import ALPHA, POWER, Fit, ks_fit, randomized_pit
+from specaudit.numerics.fit import ALPHA, POWER, Fit, ks_fit, pit_uniforms, randomized_pit
 from specaudit.running.sampling import SampledRun
 
 FAMILY = 5
@@ -103,9 +102,8 @@ def output_tokens(rows: list[tuple[list[int], torch.Tensor]], seed: int) -> list
     for r, (out, p) in enumerate(rows):
         if not out:
             continue
-        generator = torch.Generator().manual_seed(zlib.crc32(f"pit:{seed}:{r}".encode()))
         tokens = torch.tensor(out)
-        u = randomized_pit(p, tokens, torch.rand(len(out), generator=generator, dtype=torch.float64))
+        u = randomized_pit(p, tokens, pit_uniforms(len(out), seed, r))
         probs = p.gather(1, tokens[:, None])[:, 0].tolist()
         found += [SampledToken(0, r, n, t, probs[n], float(u[n]), UNSEEN) for n, t in enumerate(out)]
     return found

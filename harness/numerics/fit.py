@@ -28,6 +28,7 @@ prod (1 + l (X_i - c_i)), averaged over a few bets l, exceeds 1/a with probabili
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,12 @@ def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, uniforms: torch.Te
     below = cdf.gather(1, r[:, None])[:, 0]
     mass = probs.gather(1, tokens[:, None])[:, 0]
     return (below + uniforms.double() * mass).clamp(0, 1).numpy()
+
+
+def pit_uniforms(n: int, *key: object) -> torch.Tensor:
+    """[n] float64 the randomized PIT's uniforms, seeded by `key` alone, so a verdict replays."""
+    seed = zlib.crc32(":".join(["pit", *map(str, key)]).encode())
+    return torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def threshold(n: int, alpha: float) -> float:

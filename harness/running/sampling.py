@@ -12,7 +12,6 @@ target and processed by the case's settings (`contracts.sampling.target_distribu
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +24,7 @@ from specaudit.contracts.sampling import SamplingCase, target_distribution
 from specaudit.fixtures.pairs import target_model
 from specaudit.fixtures.sampling import mixture_draft
 from specaudit.models.compat import call_model
+from specaudit.numerics.fit import pit_uniforms
 from specaudit.reference.oracle import OracleResult
 from specaudit.running.runner import Run, guarded_call, idle_limit, max_forwards
 from specaudit.running.watchdog import Watchdog
@@ -51,8 +51,7 @@ class SampledRun:
 
     def uniforms(self, run: int, row: int, n: int) -> torch.Tensor:
         """[n] the randomized PIT's uniforms for one row: seeded by the case, so a verdict replays."""
-        seed = zlib.crc32(f"pit:{self.case.seed}:{run}:{row}".encode())
-        return torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        return pit_uniforms(n, self.case.seed, run, row)
 
 
 def teacher_forced(target: torch.nn.Module, tokens: list[int], prompt: int, case: SamplingCase) -> torch.Tensor:
