@@ -40,11 +40,12 @@ import torch
 from hypothesis import strategies as st
 
 from specaudit.audits.decoders import audit_model
-from specaudit.audits.sampling import DESIGNS, MAX_FAILURES, PLANTED_EXAMPLES, planted, run_sampling
+from specaudit.audits.sampling import DESIGNS, EXAMPLES, MAX_FAILURES, PLANTED_EXAMPLES, planted, run_sampling
 from specaudit.audits.subject import Item
 from specaudit.checks.distribution import FAMILY, fits
 from specaudit.checks.independence import comparisons
 from specaudit.checks.registry import SAMPLER, evaluate
+from specaudit.config.settings import DEFAULT_EXAMPLES
 from specaudit.contracts.case import Case
 from specaudit.contracts.sampling import Sampling, SamplingCase
 from specaudit.numerics.fit import collision_evalue
@@ -152,12 +153,13 @@ def kill(jobs: int) -> dict[str, Any]:
 
 
 def timing(repeats: int) -> dict[str, Any]:
-    """Greedy EQSPEC's audit item (the default budget) against SpecSampling's, rotated, medians."""
+    """Greedy EQSPEC's audit item against SpecSampling's, each at `make audit`'s budget, rotated, medians."""
     torch.set_num_threads(1)
+    greedy, sampled = f"greedy EqSpec ({DEFAULT_EXAMPLES} cases)", f"sampling SpecSampling ({EXAMPLES} cases)"
     variants = {
-        "greedy EqSpec (25 cases)": lambda: audit_model("specaudit.reference.eqspec:EqSpec", "transparent", 25, 0),
-        "sampling SpecSampling (10 cases)": lambda: run_sampling(
-            Item("specaudit.reference.sampling:SpecSampling", "transparent", False, 10, 0, kind=SAMPLER), None
+        greedy: lambda: audit_model("specaudit.reference.eqspec:EqSpec", "transparent", DEFAULT_EXAMPLES, 0),
+        sampled: lambda: run_sampling(
+            Item("specaudit.reference.sampling:SpecSampling", "transparent", False, EXAMPLES, 0, kind=SAMPLER), None
         ),
     }
     seconds: dict[str, list[float]] = {name: [] for name in variants}

@@ -14,6 +14,7 @@ choices), so the profile's examples are distinct cases (`specaudit.config.profil
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 
 from specaudit.audits.sampling import samples
-from specaudit.checks.registry import NOT_APPLICABLE, CheckOutcome, check_named, outcome_of
+from specaudit.checks.registry import BATCH_ORDER, NOT_APPLICABLE, CheckOutcome, check_named, outcome_of
 from specaudit.commands.pytest_notes import remember_failure
 from specaudit.contracts.case import Case
 from specaudit.contracts.violation import explain
@@ -130,68 +131,20 @@ def check_drawn(name: str, decoder: str, model: str, data: st.DataObject, reques
     assert_check(name, decoder, data.draw(cases(model), label="case"), request)
 
 
-@conformance("contract")
-@given(data=st.data())
-def test_decoder_contract(
-    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
-    check_drawn("contract", specaudit_decoder, specaudit_model, data, request)
+def conformance_property(name: str) -> Callable[..., None]:
+    """The property of registry check `name`, called after its title (`test_i1_rectangular_alignment`)."""
+
+    @conformance(name)
+    @given(data=st.data())
+    def prop(specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest) -> None:
+        check_drawn(name, specaudit_decoder, specaudit_model, data, request)
+
+    prop.__name__ = prop.__qualname__ = "test_" + re.sub(r"[^a-z0-9]+", "_", check_named(name).title.lower())
+    return prop
 
 
-@conformance("I1")
-@given(data=st.data())
-def test_i1_rectangular_alignment(
-    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
-    check_drawn("I1", specaudit_decoder, specaudit_model, data, request)
-
-
-@conformance("I2")
-@given(data=st.data())
-def test_i2_position_kv_correspondence(
-    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
-    check_drawn("I2", specaudit_decoder, specaudit_model, data, request)
-
-
-@conformance("equivalence")
-@given(data=st.data())
-def test_output_equivalence(
-    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
-    check_drawn("equivalence", specaudit_decoder, specaudit_model, data, request)
-
-
-@conformance("token-preservation")
-@given(data=st.data())
-def test_token_preservation(
-    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
-    check_drawn("token-preservation", specaudit_decoder, specaudit_model, data, request)
-
-
-@conformance("liveness")
-@given(data=st.data())
-def test_liveness(
-    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
-    check_drawn("liveness", specaudit_decoder, specaudit_model, data, request)
-
-
-@conformance("grouped-no-realignment")
-@given(data=st.data())
-def test_grouped_batches_need_no_realignment(
-    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
-    check_drawn("grouped-no-realignment", specaudit_decoder, specaudit_model, data, request)
-
-
-@conformance("order-independence")
-@given(data=st.data())
-def test_order_independence(
-    specaudit_decoder: str, specaudit_model: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
-    check_drawn("order-independence", specaudit_decoder, specaudit_model, data, request)
+# One property per check that judges a decoder's run, generated from the registry: a new check needs none written.
+globals().update({prop.__name__: prop for prop in map(conformance_property, BATCH_ORDER)})
 
 
 # ---------------------------------------------------------------------------------------

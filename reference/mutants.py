@@ -14,8 +14,9 @@ The classes live in `specaudit.reference.planted`, one module per family:
   bookkeeping   EOS and length
   scale         bugs only the larger generated space reaches (rows, length, dtype, draft, K)
   side_effects  the decoder contract: side effects and unobserved calls
-(`info` holds `BugInfo`, `shared` the pieces several families build on.) Old reproducers name
-them here, so this module re-exports every class and every lowercase name.
+(`info` holds `BugInfo`, `shared` the pieces several families build on.) A class is catalogued by
+being written there with its `bug: BugInfo` (`reference.planted.planted`); nothing is listed here.
+Reproducers name them here, so this module exports every class and every lowercase name.
 
 Checks run in the registry's order for a decoder (`specaudit.checks.registry.order_for(DECODER)`:
 contract, I1, I2, equivalence, token-preservation, liveness, grouped-no-realignment,
@@ -35,76 +36,11 @@ Signatures (decided on the shrunk case, `specaudit.checks.registry.decided`):
 from __future__ import annotations
 
 from specaudit.reference.eqspec import EqSpec
-from specaudit.reference.planted.acceptance import (
-    AcceptanceOneShort,
-    BonusFromDraft,
-    CropToShortest,
-    FirstMismatchAccepted,
-    LogitsShiftedByOne,
-    NoBonusToken,
-)
-from specaudit.reference.planted.bookkeeping import EosScansPaddedRow, MaxNewTokensOverrun
+from specaudit.reference.planted import planted
 from specaudit.reference.planted.info import BugInfo as BugInfo
-from specaudit.reference.planted.kv_cache import (
-    CacheRowsPermuted,
-    DraftCacheNotRolledBack,
-    KvCroppedToMinAcceptance,
-    RealignOffByOne,
-    RejectedKvAttended,
-    RejectedKvMaskedNoPositionIds,
-    UninitialisedPadSlots,
-)
-from specaudit.reference.planted.masks import (
-    DraftWithoutMask,
-    MaskNotUpdatedAfterRepad,
-    PadsAccumulate,
-    PadsAttended,
-    RightPadding,
-)
-from specaudit.reference.planted.positions import BatchUniformCacheOffset, PositionsFromArange, VerifyPositionOffByOne
-from specaudit.reference.planted.scale import (
-    BonusWindowOfThree,
-    MatchesAfterRejectionAccepted,
-    PositionsInModelDtype,
-    PositionsWrapAt256,
-    RowBufferOf16,
-)
 from specaudit.reference.planted.shared import mask_in_place as mask_in_place
-from specaudit.reference.planted.side_effects import ForwardBypass, MutatesInputs, MutatesModel
 from specaudit.reference.planted.side_effects import forward_directly as forward_directly
 
-CATALOG: dict[str, type[EqSpec]] = {
-    cls.name: cls
-    for cls in (
-        BonusFromDraft,
-        FirstMismatchAccepted,
-        RejectedKvAttended,
-        RejectedKvMaskedNoPositionIds,
-        PositionsFromArange,
-        VerifyPositionOffByOne,
-        MaskNotUpdatedAfterRepad,
-        PadsAttended,
-        PadsAccumulate,
-        KvCroppedToMinAcceptance,
-        RealignOffByOne,
-        NoBonusToken,
-        LogitsShiftedByOne,
-        RightPadding,
-        DraftCacheNotRolledBack,
-        AcceptanceOneShort,
-        CacheRowsPermuted,
-        UninitialisedPadSlots,
-        BatchUniformCacheOffset,
-        EosScansPaddedRow,
-        MaxNewTokensOverrun,
-        DraftWithoutMask,
-        CropToShortest,
-        RowBufferOf16,
-        PositionsWrapAt256,
-        PositionsInModelDtype,
-        MatchesAfterRejectionAccepted,
-        BonusWindowOfThree,
-    )
-}
-CATALOG.update({cls.name: cls for cls in (ForwardBypass, MutatesInputs, MutatesModel)})
-globals().update(CATALOG)  # the lowercase names too: `specaudit.reference.mutants:rejected_kv_attended`
+CATALOG: dict[str, type[EqSpec]] = planted(BugInfo)
+globals().update(CATALOG)  # the lowercase names: `specaudit.reference.mutants:rejected_kv_attended`
+globals().update({cls.__name__: cls for cls in CATALOG.values()})  # and the class names

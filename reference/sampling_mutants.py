@@ -14,21 +14,8 @@ from __future__ import annotations
 
 import functools
 
-from specaudit.reference.planted.sampling import (
-    AcceptanceInverted,
-    BonusFromDraft,
-    BonusMixture,
-    EqualityFreshSample,
-    NeighbourResidualAfterRagged,
-    ProposalMismatch,
-    ResampleFromP,
-    ResidualNoClamp,
-    ResidualNotRenormalised,
-    SamplingBug,
-    SharedUniforms,
-    TemperatureDraftOnly,
-    TopKDraftOnly,
-)
+from specaudit.reference.planted import planted
+from specaudit.reference.planted.sampling import BonusMixture, SamplingBug
 from specaudit.reference.sampling import SpecSampling
 
 
@@ -50,39 +37,9 @@ def bonus_mixture(e: float) -> type[SpecSampling]:
 
 
 CATALOG: dict[str, type[SpecSampling]] = {
-    cls.name: cls
-    for cls in (
-        BonusFromDraft,
-        ResidualNoClamp,
-        ResidualNotRenormalised,
-        AcceptanceInverted,
-        TemperatureDraftOnly,
-        TopKDraftOnly,
-        EqualityFreshSample,
-        ProposalMismatch,
-        ResampleFromP,
-        SharedUniforms,
-        NeighbourResidualAfterRagged,
-    )
-}
+    name: cls for name, cls in planted(SamplingBug).items() if cls is not BonusMixture
+}  # every planted class with a `bug: SamplingBug`; the dial is catalogued at e = 0.5 under its own name
 CATALOG["bonus_mixture"] = bonus_mixture(0.5)
 # the lowercase names too (`specaudit.reference.sampling_mutants:resample_from_p`); `bonus_mixture` stays the dial
 globals().update({name: cls for name, cls in CATALOG.items() if name != "bonus_mixture"})
-
-__all__ = [
-    "CATALOG",
-    "SamplingBug",
-    "bonus_mixture",
-    "AcceptanceInverted",
-    "BonusFromDraft",
-    "BonusMixture",
-    "EqualityFreshSample",
-    "NeighbourResidualAfterRagged",
-    "ProposalMismatch",
-    "ResampleFromP",
-    "ResidualNoClamp",
-    "ResidualNotRenormalised",
-    "SharedUniforms",
-    "TemperatureDraftOnly",
-    "TopKDraftOnly",
-]
+globals().update({cls.__name__: cls for cls in CATALOG.values()})  # and the class names

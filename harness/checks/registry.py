@@ -72,7 +72,7 @@ from specaudit.checks.scheduling import (
 )
 from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.case import Case
-from specaudit.contracts.rules import CHECK_RULES
+from specaudit.contracts.rules import CHECK_RULES, CONTRACT_RULES, PAGED_RULES
 from specaudit.contracts.violation import Violation
 from specaudit.running.paged import PagedRun
 from specaudit.running.runner import Run
@@ -279,10 +279,12 @@ class Check:
     """One check of the registry; its place in CHECKS is the order violations are reported in.
 
     Everything a check is lives here: the subjects it judges are the keys of `implementations`
-    (each the function that reads that subject's evidence), its rules are the torch-free table's
-    entry for its name (`contracts.rules.CHECK_RULES`, which a known-failures file is validated
-    against before torch is imported), and `caches` names the slots it fills once per decoder run
-    (`run.derived.cached[name]`, through `checks.cache.cached`)."""
+    (each the function that reads that subject's evidence), `rules` the rule names its violations
+    carry (written as a literal, or a table of `contracts.rules`: that module reads them from this
+    file's source, torch-free, to validate a known-failures file before torch is imported), and
+    `caches` the slots it fills once per decoder run (`run.derived.cached[name]`, through
+    `checks.cache.cached`). Its planted negative control names it in its `bug` record (the catalogs
+    of `reference/` collect those; `tests/checks/test_registry.py` wants one per check)."""
 
     name: str
     title: str  # the property's name in docs/checks.md's table
@@ -292,6 +294,7 @@ class Check:
     needs: tuple[Requirement, ...] = ()  # per subject (`Requirement.subject`): when it is not applicable
     per_call: bool = False  # judged on every target call (an invariant), not on the run's output
     caches: tuple[str, ...] = ()  # its slots in `run.derived.cached[name]`
+    rules: frozenset[str] = frozenset()  # the rule names its violations carry
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.implementations) - set(SUBJECTS))
@@ -303,18 +306,13 @@ class Check:
         stray = [need.reason for need in self.needs if need.subject not in self.implementations]
         if stray:
             raise RegistryError(f"check {self.name}: requirements for subjects it does not judge: {stray}")
-        if self.name not in CHECK_RULES:
-            raise RegistryError(f"check {self.name} has no rules in contracts.rules.CHECK_RULES")
+        if not self.rules:
+            raise RegistryError(f"check {self.name} has no rules: name the rules its violations carry")
 
     @property
     def subjects(self) -> tuple[str, ...]:
         """What it judges (see SUBJECTS), in SUBJECTS' order."""
         return tuple(subject for subject in SUBJECTS if subject in self.implementations)
-
-    @property
-    def rules(self) -> frozenset[str]:
-        """The rule names its violations carry."""
-        return CHECK_RULES[self.name]
 
     def unmet(self, evidence: Any, subject: str = DECODER) -> Requirement | None:
         """The first requirement `evidence` of `subject` does not offer (None: the check applies)."""
@@ -423,6 +421,7 @@ CHECKS: tuple[Check, ...] = (
         },
         contract_signature,
         needs=(REQUESTS_RECORDED,),
+        rules=CONTRACT_RULES,
     ),
     Check(
         "I1",
@@ -432,6 +431,18 @@ CHECKS: tuple[Check, ...] = (
         {DECODER: check_i1, ENGINE: step_i1, SAMPLER: each_run(check_i1)},
         i1_signature,
         per_call=True,
+        rules=frozenset(
+            {
+                "input-shape",
+                "cache-length",
+                "cache-batch",
+                "position-shape",
+                "mask-shape",
+                "mask-values",
+                "row-attends-nothing",
+                "target-called",
+            }
+        ),
     ),
     Check(
         "I2",
@@ -444,6 +455,18 @@ CHECKS: tuple[Check, ...] = (
         i2_signature,
         per_call=True,
         caches=("rows", "views"),
+        rules=frozenset(
+            {
+                "attends-wrong-slot",
+                "row-identity",
+                "position-ids",
+                "input-token",
+                "cache-readable",
+                "history-token",
+                "retired-row",
+                "duplicate-row",
+            }
+        ),
     ),
     Check(
         "paged",
@@ -456,6 +479,7 @@ CHECKS: tuple[Check, ...] = (
         {PAGED: paged_layout},
         paged_signature,
         per_call=True,
+        rules=frozenset(PAGED_RULES),
     ),
     Check(
         "equivalence",
@@ -473,6 +497,7 @@ CHECKS: tuple[Check, ...] = (
         equivalence_signature,
         needs=(REQUESTS_RECORDED,),
         caches=("equivalence",),
+        rules=frozenset({"first-divergence"}),
     ),
     Check(
         "token-preservation",
@@ -482,6 +507,7 @@ CHECKS: tuple[Check, ...] = (
         {DECODER: check_token_preservation},
         lambda first, run: ("output-equivalent", "the output is right but drafts were lost or kept wrongly"),
         needs=(SCRIPTED_DRAFT,),
+        rules=frozenset({"verified-kept", "accepted-as-scheduled"}),
     ),
     Check(
         "liveness",
@@ -496,6 +522,7 @@ CHECKS: tuple[Check, ...] = (
         },
         liveness_signature,
         needs=(DECLARED_BOUND, EVERY_CALL_SEEN, REQUESTS_RECORDED),
+        rules=frozenset({"request-finishes", "bounded-queue", "bounded-wait"}),
     ),
     Check(
         "grouped-no-realignment",
@@ -504,6 +531,7 @@ CHECKS: tuple[Check, ...] = (
         {DECODER: check_grouped_no_realignment},
         scheduling_signature("a grouped batch moved a request's cache slots (it needed no realignment)"),
         needs=(GROUPED_PAIR,),
+        rules=frozenset({"slots-stay"}),
     ),
     Check(
         "order-independence",
@@ -512,6 +540,7 @@ CHECKS: tuple[Check, ...] = (
         {DECODER: order_independence},
         scheduling_signature("the output depends on the order of requests in the pool"),
         needs=(A_BATCH, BUILT_IN_MODEL),
+        rules=frozenset({"keeps-contract", "same-output"}),
     ),
     Check(
         "row-independence",
@@ -521,6 +550,7 @@ CHECKS: tuple[Check, ...] = (
         {SAMPLER: check_row_independence},
         sampling_signature,
         needs=(PAIRED_ROWS,),
+        rules=frozenset({"rows-correlated"}),
     ),
     Check(
         "distribution",
@@ -533,6 +563,7 @@ CHECKS: tuple[Check, ...] = (
         {SAMPLER: check_distribution},
         sampling_signature,
         caches=("tokens",),
+        rules=frozenset({"impossible-token", "stops-early", "role-fit", "pooled-fit"}),
     ),
 )
 
@@ -543,17 +574,21 @@ _BY_NAME = {check.name: check for check in CHECKS}
 def validate(checks: tuple[Check, ...]) -> None:
     """What the registry must hold for every subject's judge to dispatch through it (run at
     import, so a gap is an import error, never a KeyError in the middle of a run): names once,
-    the contract first (it short-circuits), the rules table (`contracts.rules.CHECK_RULES`, what a
-    known-failures file is validated against) naming these checks in this order, and every subject
-    judged by some check."""
+    the contract first (it short-circuits), every subject judged by some check, and the rules that
+    `contracts.rules.CHECK_RULES` read from this file's source (what a known-failures file is
+    validated against) equal to the entries' own: an entry whose rules are not written as that
+    reader understands fails here."""
     names = [check.name for check in checks]
     if len(set(names)) != len(names) or not names or names[0] != "contract":
         raise RegistryError(f"check names {names}: each once, the contract first")
     idle = [s for s in SUBJECTS if not any(s in check.implementations for check in checks)]
     if idle:
         raise RegistryError(f"subjects {idle} are judged by no check")
-    if tuple(CHECK_RULES) != tuple(names):
-        raise RegistryError(f"contracts.rules.CHECK_RULES names {list(CHECK_RULES)}, the registry {names}")
+    if CHECK_RULES != {check.name: check.rules for check in checks} or tuple(CHECK_RULES) != tuple(names):
+        raise RegistryError(
+            f"contracts.rules.CHECK_RULES names {list(CHECK_RULES)}, the registry {names}, "
+            "or other rules: write each entry's rules= as a set literal or a contracts.rules table"
+        )
 
 
 validate(CHECKS)

@@ -1,14 +1,19 @@
 """Every rule each check can emit, by name: what a known-failures file may list.
 
 Torch-free, because `specaudit.config.xfails` validates a file against it before anything heavy is
-imported (the checks themselves import torch), and in the foundation layer, which cannot read
-the registry: so each registry entry reads its rules from here (`checks.registry.Check.rules`),
-the registry refuses to import while this table names other checks or another order
-(`checks.registry.validate`), and tests/contracts/test_rules.py fails when a check emits a rule
-missing here (it reads the contract rule tables and the rule literals of the check modules).
+imported (the checks themselves import torch), and in the foundation layer, which cannot import
+the registry. So the rules are written once, in each registry entry (`Check(..., rules=...)` in
+`checks/registry.py`), and read here from that file's source: a set literal, or one of this
+module's tables (the contract's rules, which the contract modules list, and the paged layout's,
+in the order `checks.paged` judges them). The registry refuses to import while what is read here
+differs from its entries (`checks.registry.validate`), and tests/contracts/test_rules.py fails when
+a check emits a rule its entry does not list (it reads the rule literals of the check modules).
 """
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 CONTRACT_RULES = frozenset(
     {
@@ -57,41 +62,36 @@ PAGED_RULES = (
 )
 """The paged layout's rules, in the order `specaudit.checks.paged` judges them."""
 
-CHECK_RULES: dict[str, frozenset[str]] = {
-    "contract": CONTRACT_RULES,
-    "I1": frozenset(
-        {
-            "input-shape",
-            "cache-length",
-            "cache-batch",
-            "position-shape",
-            "mask-shape",
-            "mask-values",
-            "row-attends-nothing",
-            "target-called",
-        }
-    ),
-    "I2": frozenset(
-        {
-            "attends-wrong-slot",
-            "row-identity",
-            "position-ids",
-            "input-token",
-            "cache-readable",
-            "history-token",
-            "retired-row",  # the engine state machine
-            "duplicate-row",
-        }
-    ),
-    "paged": frozenset(PAGED_RULES),
-    "equivalence": frozenset({"first-divergence"}),
-    "token-preservation": frozenset({"verified-kept", "accepted-as-scheduled"}),
-    "liveness": frozenset({"request-finishes", "bounded-queue", "bounded-wait"}),
-    "grouped-no-realignment": frozenset({"slots-stay"}),
-    "order-independence": frozenset({"keeps-contract", "same-output"}),
-    "row-independence": frozenset({"rows-correlated"}),
-    "distribution": frozenset({"impossible-token", "stops-early", "role-fit", "pooled-fit"}),
-}
+REGISTRY = Path(__file__).parent.parent / "checks" / "registry.py"
+
+
+def rules_of(node: ast.expr) -> frozenset[str]:
+    """An entry's `rules=`: a set literal, `frozenset(...)` of one, or a table of this module."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "frozenset":
+        return rules_of(node.args[0])
+    if isinstance(node, ast.Name) and node.id in ("CONTRACT_RULES", "PAGED_RULES"):
+        return frozenset(globals()[node.id])
+    try:
+        return frozenset(ast.literal_eval(node))
+    except ValueError:
+        raise ValueError(
+            f"checks/registry.py:{node.lineno}: write a check's rules= as a set literal, frozenset of one, "
+            f"CONTRACT_RULES or PAGED_RULES (got {ast.unparse(node)}), so they are read without importing torch"
+        ) from None
+
+
+def registry_rules(source: str) -> dict[str, frozenset[str]]:
+    """Check name -> its rules, from every `Check("name", ..., rules=...)` call, in source order."""
+    entries = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Check":
+            rules = next((k.value for k in node.keywords if k.arg == "rules"), None)
+            if node.args and isinstance(node.args[0], ast.Constant) and rules is not None:
+                entries.append((node.lineno, node.args[0].value, rules_of(rules)))
+    return {name: rules for _, name, rules in sorted(entries)}
+
+
+CHECK_RULES = registry_rules(REGISTRY.read_text(encoding="utf-8"))
 """Check name (in the registry's order) -> the rule names its violations carry."""
 
 CHECK_NAMES = tuple(CHECK_RULES)

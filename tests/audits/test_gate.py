@@ -16,7 +16,7 @@ from specaudit.config.xfails import load_xfails
 from specaudit.contracts.case import Case
 from specaudit.contracts.errors import UsageError
 from specaudit.reference.eqspec import EqSpec
-from specaudit.reference.mutants import RejectedKvAttended
+from specaudit.reference.planted.kv_cache import RejectedKvAttended
 
 EQSPEC = "specaudit.reference.eqspec:EqSpec"
 MUTANT = "specaudit.reference.mutants:rejected_kv_attended"

@@ -21,8 +21,8 @@ from specaudit.checks.registry import OUTPUT_LEVEL_SIGNATURES, SAMPLING_SIGNATUR
 from specaudit.contracts.case import Case
 from specaudit.fixtures import VOCAB_SIZE
 from specaudit.reference.eqspec import EqSpec
-from specaudit.reference.mutants import BonusFromDraft
 from specaudit.reference.oracle import OracleResult
+from specaudit.reference.planted.acceptance import BonusFromDraft
 from specaudit.running.runner import Run, run_case
 
 MUTANTS = "specaudit.reference.mutants"

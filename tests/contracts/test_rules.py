@@ -13,12 +13,14 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import specaudit
 from specaudit.adapters.engine_blackbox import RULES as BLACKBOX_RULES
 from specaudit.checks.registry import CHECK_ORDER
 from specaudit.contracts.decoder import RULES as CONTRACT_RULES
 from specaudit.contracts.engine import ENGINE_RULES
-from specaudit.contracts.rules import CHECK_NAMES, CHECK_RULES
+from specaudit.contracts.rules import CHECK_NAMES, CHECK_RULES, registry_rules
 
 HARNESS = Path(specaudit.__file__).parent
 EMITTERS = {"Fault": "I2", "ContractError": "contract", "engine_error": "contract", "contract_violation": "contract"}
@@ -93,3 +95,15 @@ def test_every_listed_rule_is_emitted_somewhere() -> None:
     seen |= {("contract", rule) for table in (CONTRACT_RULES, ENGINE_RULES, BLACKBOX_RULES) for rule in table}
     listed = {(check, rule) for check, rules in CHECK_RULES.items() for rule in rules}
     assert listed <= seen, sorted(listed - seen)
+
+
+def test_the_rules_are_read_from_the_registry_entries_without_importing_it() -> None:
+    """A check's rules are written once, in its entry; the torch-free table reads them from the source,
+    and says where an entry wrote them in a form it cannot read."""
+    source = 'Check(\n    "I9",\n    rules=frozenset({"a", "b"}),\n)\n'
+    source += 'Check("I8", rules=CONTRACT_RULES)\nCheck("I7", rules={"c"})\n'
+    table = registry_rules(source)
+    assert list(table) == ["I9", "I8", "I7"] and table["I9"] == {"a", "b"} and table["I7"] == {"c"}
+    assert table["I8"] == CHECK_RULES["contract"]
+    with pytest.raises(ValueError, match=r"registry.py:1: write a check's rules= as a set literal"):
+        registry_rules('Check("I9", rules=SOME_RULES)')

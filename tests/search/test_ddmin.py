@@ -119,7 +119,8 @@ class Chameleon:
     name = "chameleon"
 
     def generate(self, target, draft, input_ids, attention_mask, **kwargs):  # type: ignore[no-untyped-def]
-        from specaudit.reference.mutants import BonusFromDraft, RejectedKvAttended
+        from specaudit.reference.planted.acceptance import BonusFromDraft
+        from specaudit.reference.planted.kv_cache import RejectedKvAttended
 
         decoder = RejectedKvAttended() if input_ids.shape[0] >= 3 else BonusFromDraft()
         return decoder.generate(target, draft, input_ids, attention_mask, **kwargs)
