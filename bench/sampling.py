@@ -239,11 +239,10 @@ def markdown() -> str:
 
 NOTES = """## Notes (7 Dec)
 
-- The calibration and the kill table above were measured with 1 to 8 runs a case (about 170 tokens at
-  the median); the search now draws a sample size of 256 to 2048 tokens a case. In the kill table
-  EqualityFreshSample was not caught within 30 cases (its shift is about 0.1 in total variation, under
-  the power of such cases); with the sample sizes, `make audit` catches it (role-fit, draft role, after
-  16 cases), as it does every other planted sampling bug: 18 of 18 sampling rows as expected.
+- The calibration was measured with 1 to 8 runs a case (about 170 tokens at the median); the search
+  now draws a sample size of 256 to 2048 tokens a case. The kill table was re-run on 7 Dec with those
+  sizes (one job, at a load average of 7 to 14): every planted bug caught, EqualityFreshSample included
+  (role-fit, draft role), which the smaller cases had missed (its shift is about 0.1 in total variation).
 - RecomputeSampling's one failed verdict in the calibration is the watchdog (no forward for 20 s, at a
   load average of 11 beside two vLLM servers), not the statistic: the same case reruns to PASS in 1.2 s.
 - Power, audit space: impossible tokens (a bonus drawn partly from q lands outside p's top-k or top-p)
