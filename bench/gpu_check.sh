@@ -5,7 +5,8 @@
 # audits' report.json files (bench/gpu_summary.py). See bench/README.md, "gpu_check.sh".
 #
 #   bash bench/gpu_check.sh                              # on a CUDA machine, from the repo root
-#   SPECAUDIT_GPU_CHECK_SMOKE=1 bash bench/gpu_check.sh  # tiny config on the CPU, results in /tmp
+#   bash bench/gpu_check.sh --smoke                      # tiny config on the CPU, results in /tmp (CI)
+#   SPECAUDIT_GPU_CHECK_SMOKE=1 bash bench/gpu_check.sh  # the same
 #
 # Environment: PYTHON (default python3), SPECAUDIT_GPU_CHECK_SECONDS (total budget, default
 # 480), SPECAUDIT_GPU_CHECK_JOBS (audits run at once; default 7 on the GPU, 2 in smoke mode),
@@ -17,6 +18,12 @@
 # expected (references pass, planted bugs fail), 1 otherwise.
 
 set -u
+for arg in "$@"; do
+  case $arg in
+    --smoke) SPECAUDIT_GPU_CHECK_SMOKE=1 ;;
+    *) echo "gpu_check.sh: unknown argument $arg (only --smoke)" >&2; exit 2 ;;
+  esac
+done
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 

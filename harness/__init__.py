@@ -65,6 +65,9 @@ _PUBLIC: dict[str, str] = {
     "replay_reproducer": "specaudit.commands.replay:replay",
     "replay_engine": "specaudit.search.engine_replay:replay",
     "load_report": "specaudit.artifacts.report:load_report",
+    # What a regression test specaudit wrote calls on a failure, for the plugin's --specaudit-out.
+    "remember_failure": "specaudit.commands.pytest_notes:remember_failure",
+    "remember_engine_failure": "specaudit.commands.pytest_notes:remember_engine_failure",
     # The command line and its exit statuses.
     "main": "specaudit.commands.cli:main",
     "EXIT_PASS": "specaudit.contracts.exits:EXIT_PASS",

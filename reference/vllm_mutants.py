@@ -336,6 +336,69 @@ def computed_kept_on_preemption(original: Callable[..., Any]) -> Callable[..., A
     return _preempt_request
 
 
+def limit_before_stop(original: Callable[..., Any]) -> Callable[..., Any]:
+    """An accepted run that reaches `max_tokens` is cut at the limit and ends on length, checked
+    before the stop tokens: a stop token inside the run is followed by the run's later tokens."""
+    from vllm.v1.request import RequestStatus
+
+    def update(self: Any, request: Any, new_token_ids: list[int], is_stale: bool = False) -> tuple[list[int], bool]:
+        room = request.max_tokens - request.num_output_tokens
+        if len(new_token_ids) > 1 and 0 < room <= len(new_token_ids):
+            del new_token_ids[room:]
+            for token in new_token_ids:
+                request.append_output_token_ids(token)
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return new_token_ids, True
+        return original(self, request, new_token_ids, is_stale)
+
+    return update
+
+
+def gathered_by_draft_count(original: Callable[..., Any]) -> Callable[..., Any]:
+    """When the drafting requests of a step carry different draft counts, their sampled tokens are
+    gathered in the order of their draft counts (most first), not in batch order: each gets another
+    request's accepted run."""
+
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        drafts = scheduler_output.scheduled_spec_decode_tokens or {}
+        sampled = model_runner_output.sampled_token_ids
+        rows = [i for i, r in enumerate(model_runner_output.req_ids) if drafts.get(r)]
+        counts = [len(drafts[model_runner_output.req_ids[i]]) for i in rows]
+        if sampled and len(set(counts)) > 1:
+            by_count = sorted(rows, key=lambda i: -len(drafts[model_runner_output.req_ids[i]]))
+            gathered = [sampled[i] for i in by_count]
+            sampled = list(sampled)
+            for i, tokens in zip(rows, gathered):
+                sampled[i] = tokens
+            model_runner_output.sampled_token_ids = sampled
+        return original(self, scheduler_output, model_runner_output)
+
+    return update_from_output
+
+
+def hash_ignores_block_tail(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A full block's prefix-cache hash covers only the first half of its tokens: a block that
+    differs from a cached one only in its second half is a prefix hit on it (the reader attends
+    another prompt's K/V)."""
+
+    def hash_block_tokens(
+        hash_function: Any, parent_block_hash: Any, curr_block_token_ids: Any, extra_keys: Any = None
+    ) -> Any:
+        tokens = tuple(curr_block_token_ids)
+        return original(hash_function, parent_block_hash, tokens[: max(len(tokens) // 2, 1)], extra_keys)
+
+    return hash_block_tokens
+
+
+STOPS = "stops"
+"""The fixed workloads of `tests/adapters/test_vllm_stops.py`: the target drafting for itself, each
+request's drafts cut to a different count a step (`DraftShape.ragged`), a stop token and
+`max_tokens` inside one accepted run."""
+
+PREFIX_PAIR = "prefix-pair"
+"""Two prompts whose first full blocks agree in their first half only, arriving in one step and in
+two (`tests/adapters/test_vllm_observer.py`'s prefix-cache replay), with prefix caching on."""
+
 PREEMPTING = "--method ngram --k 3 --block-size 32 --kv-blocks 5 --max-num-batched-tokens 64 --max-model-len 128"
 """A KV cache of 5 blocks of 32 (one is vLLM's null block): two requests of up to 48 + 30 tokens preempt."""
 
@@ -439,6 +502,39 @@ MUTANTS: tuple[VllmMutant, ...] = (
         computed_kept_on_preemption,
         workload=PREEMPTING,
         weakness="preemption is followed (a resumed request is a new incarnation): a fault in it is still caught",
+    ),
+    VllmMutant(
+        "prefix-hash-ignores-block-tail",
+        "a full block's prefix-cache hash covers only its first half: a hit on another prompt's block",
+        "vllm.v1.core.kv_cache_utils.hash_block_tokens",
+        "kv-provenance",
+        True,
+        hash_ignores_block_tail,
+        workload=PREFIX_PAIR,
+        weakness="a prefix-cache hit on a block written in the same step was a false alarm, masking real hits' faults",
+    ),
+    VllmMutant(
+        "limit-before-stop",
+        "an accepted run reaching max_tokens ends on length, checked before its stop token: tokens after the stop",
+        f"{SCHEDULER}._update_request_with_output",
+        "ends-at-eos",
+        True,
+        limit_before_stop,
+        kv_visible=False,
+        check="contract",
+        workload=STOPS,
+        weakness="no workload put a stop and max_tokens inside one accepted run",
+    ),
+    VllmMutant(
+        "outputs-by-draft-count",
+        "a step's sampled tokens gathered by draft count, not batch order, when requests carry different counts",
+        f"{SCHEDULER}.update_from_output",
+        "greedy-commit",
+        True,
+        gathered_by_draft_count,
+        kv_visible=False,  # what was committed is fed consistently
+        workload=STOPS,
+        weakness="requests of one step carrying different draft counts",
     ),
 )
 

@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = tuple(
         ("checks", "checks"),
         ("artifacts (formats)", "artifacts"),
         ("search and minimization", "search"),
+        ("fleet: shards merged, Ray tasks", "fleet"),
         ("adapters", "adapters"),
         ("audits", "audits"),
         ("commands", "commands __main__ properties"),
@@ -202,7 +203,7 @@ def test_the_artifacts_are_formats_only() -> None:
 
 def test_the_formats_check_sees_a_run(tmp_path: Path) -> None:
     """The negative control: a report module importing the runner (even for a hint) is reported,
-    and the old path left at `artifacts/audit.py` (a forward, placed with the public API) is not a format."""
+    and an old path left at the root (`compat.py`, a forward, placed with the public API) is no layer's."""
     path = tmp_path / "report.py"
     path.write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from specaudit.running.runner import Run\n"
@@ -210,12 +211,13 @@ def test_the_formats_check_sees_a_run(tmp_path: Path) -> None:
     )
     assert list(format_reaches(path)) == [("running.runner.Run", 3)]
     assert layer_of("artifacts.report") == layer_index("artifacts (formats)")
-    assert layer_of("artifacts.audit") == layer_index("public API")
+    assert layer_of("compat") == layer_index("public API")
 
 
 def test_the_layer_order() -> None:
-    """foundation < settings < models < numerics < running < checks < artifacts < search < adapters
-    < audits < commands < public API."""
-    order = ["contracts", "config", "models", "numerics", "running", "checks", "artifacts", "search", "adapters"]
+    """foundation < settings < models < numerics < running < checks < artifacts < search < fleet
+    < adapters < audits < commands < public API."""
+    order = ["contracts", "config", "models", "numerics", "running", "checks", "artifacts", "search", "fleet"]
+    order += ["adapters"]
     order += ["audits", "commands", "__init__"]
     assert [layer_of(name) for name in order] == list(range(len(LAYERS))), [layer_of(name) for name in order]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import specaudit
-from specaudit._moved import MODULES, NAMES
+from specaudit._moved import DEPRECATIONS, MODULES, NAMES, REMOVED_IN
 
 ROOT = Path(__file__).resolve().parents[1]
 API_DOC = ROOT / "docs" / "api.md"
@@ -349,3 +349,73 @@ def test_a_replayed_reproducer_through_the_public_api(tmp_path: Path) -> None:
     outcome = specaudit.replay_reproducer(path, MUTANT)
     assert isinstance(outcome, specaudit.Diagnosis) and not outcome.passed and outcome.first_check == "I2"
     assert all(isinstance(v, specaudit.Violation) for v in outcome.violations)
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 38: generated files use the public API; every deprecation is dated; internal-move shims gone
+
+
+def specaudit_imports(source: str) -> list[tuple[str, str]]:
+    """(module, name) of every `from specaudit... import name` in `source`."""
+    import ast
+
+    return [
+        (node.module, alias.name)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "specaudit"
+        for alias in node.names
+    ]
+
+
+def test_written_regression_tests_import_only_the_public_api(tmp_path: Path) -> None:
+    """A decoder's and an engine's written regression test import names of `specaudit.__all__`, from
+    `specaudit` itself: an internal move can no longer break them (and needs no shim)."""
+    from specaudit.audits.regression import engine_regression_test_source, regression_test_source
+    from specaudit.checks.diagnosis import diagnose
+    from specaudit.running.runner import run_case as run
+
+    diagnosis = diagnose(run(MUTANT, specaudit.Case(((5,),), ((False,) * 6,), 1, 3, None, 0)))
+    rules = {"engine": "x:Y", "num_draft_tokens": 2, "eos_token_id": None, "pad_token_id": 0, "ops": []}
+    for source in (regression_test_source(diagnosis, "t"), engine_regression_test_source(rules, [], "t")):
+        imports = specaudit_imports(source)
+        assert imports, source
+        wrong = [(module, name) for module, name in imports if module != "specaudit" or name not in specaudit.__all__]
+        assert not wrong, wrong
+
+
+def test_every_deprecation_is_dated_with_its_removal_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each old path has (date deprecated, release that removes it), and its warning says both."""
+    assert set(DEPRECATIONS) == set(MODULES) | set(NAMES), set(DEPRECATIONS) ^ (set(MODULES) | set(NAMES))
+    for since, removed in DEPRECATIONS.values():
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", since) and removed == REMOVED_IN, (since, removed)
+    fresh(monkeypatch, "specaudit.case")
+    with pytest.warns(DeprecationWarning, match=rf"deprecated since 2026-12-02, removed in specaudit {REMOVED_IN}"):
+        importlib.import_module("specaudit.case")
+    with pytest.warns(DeprecationWarning, match=rf"deprecated since 2026-12-04, removed in specaudit {REMOVED_IN}"):
+        importlib.import_module("specaudit.artifacts.reproducer").remember_failure  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    "old",
+    [
+        "specaudit.artifacts.audit",
+        "specaudit.artifacts.gate",
+        "specaudit.artifacts.transplant",
+        "specaudit.adapters.realaudit",
+    ],
+)
+def test_shims_only_internal_moves_created_are_gone(old: str) -> None:
+    """The audit's, the gate's, the transplant's and the real-model audit's old paths (issue 26, internal)."""
+    assert old not in MODULES
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [("specaudit.contracts.decoder", "Watchdog"), ("specaudit.adapters.vllm_server", "Server")],
+)
+def test_names_only_internal_moves_created_are_gone(module: str, name: str) -> None:
+    assert f"{module}.{name}" not in NAMES
+    with pytest.raises(AttributeError):
+        getattr(importlib.import_module(module), name)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DRAFTS_ENV = "SPECAUDIT_VLLM_DRAFTS"
-"""`disagree=0.3,k=4,seed=0` (any of them): the shape `shape_from_env` puts on every vLLM process."""
+"""`disagree=0.3,k=4,seed=0,ragged=1` (any of them): the shape `shape_from_env` puts on every vLLM process."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class DraftShape:
     disagree: float = 0.0
     k: int | None = None
     seed: int = 0
+    ragged: bool = False  # each request's drafts cut to a count of its own each step (1 to what it proposed)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.disagree <= 1.0:
@@ -44,7 +45,7 @@ class DraftShape:
 
     @property
     def inert(self) -> bool:
-        return self.disagree == 0.0 and self.k is None
+        return self.disagree == 0.0 and self.k is None and not self.ragged
 
     def spoiled(self, position: int, previous: int) -> bool:
         """Whether the draft at `position` (after token `previous`) is replaced: a seeded hash, not a draw."""
@@ -54,6 +55,8 @@ class DraftShape:
     def shape(self, tokens: Sequence[int], drafts: Sequence[int]) -> list[int]:
         """The drafts of a request whose committed tokens are `tokens`, as the scheduler gets them."""
         kept = list(drafts if self.k is None else drafts[: self.k])
+        if self.ragged and kept:  # requests verifying together carry different draft counts
+            kept = kept[: 1 + zlib.crc32(f"{self.seed}:{len(tokens)}:{tokens[-1]}".encode()) % len(kept)]
         shaped, previous = [], tokens[-1]
         for i, token in enumerate(kept):
             if self.spoiled(len(tokens) + i, previous):
@@ -104,9 +107,9 @@ def parse_shape(text: str) -> DraftShape:
     fields: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, _, value = item.partition("=")
-        if key not in ("disagree", "k", "seed") or not value:
-            raise ValueError(f"{DRAFTS_ENV}={text!r}: expected disagree=RATE, k=N, seed=N, got {item!r}")
-        fields[key] = float(value) if key == "disagree" else int(value)
+        if key not in ("disagree", "k", "seed", "ragged") or not value:
+            raise ValueError(f"{DRAFTS_ENV}={text!r}: expected disagree=RATE, k=N, seed=N, ragged=0|1, got {item!r}")
+        fields[key] = float(value) if key == "disagree" else bool(int(value)) if key == "ragged" else int(value)
     return DraftShape(**fields)
 
 

@@ -150,6 +150,10 @@ def render_markdown(outcomes: Sequence[ConfigurationOutcome], header: str = "") 
 def notes_of(outcomes: Sequence[ConfigurationOutcome]) -> list[str]:
     """Each warning, failing verdict and error, per configuration."""
     notes = [f"- **{o.model} / {o.configuration}**: {w}" for o in outcomes for w in o.warnings]
+    for o in outcomes:  # what the white box's draws exercised (`vllm_whitebox.Features`)
+        if o.whitebox and o.whitebox.get("features"):
+            counts = ", ".join(f"{n} {feature}" for feature, n in o.whitebox["features"].items())
+            notes.append(f"- **{o.model} / {o.configuration}** white box coverage: {counts}")
     notes += [f"- **{o.model} / {o.configuration}**: {o.verdict}" for o in outcomes if not o.passed and not o.error]
     notes += [f"- **{o.model} / {o.configuration}** ERROR: {o.error.splitlines()[0]}" for o in outcomes if o.error]
     for o in outcomes:

@@ -20,7 +20,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-from specaudit._moved import forward as _forward
 from specaudit.adapters.vllm_drafts import DRAFTS_ENV
 from specaudit.adapters.vllm_observer import NGRAM
 from specaudit.adapters.vllm_whitebox import SMALL_BLOCK, EngineOptions
@@ -134,6 +133,3 @@ def whitebox_arguments(options: EngineOptions, target: Path, draft: Path) -> lis
     if options.disagree:
         args += ["--disagree", str(options.disagree)]
     return args + (["--prefix-caching"] if options.prefix_caching else [])
-
-
-__getattr__ = _forward(__name__)  # the names that moved to vllm_lifecycle, _metrics, _models, _report

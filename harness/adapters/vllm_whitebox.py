@@ -280,6 +280,67 @@ def acceptance(trace: PagedTrace) -> Acceptance:
     return out
 
 
+FEATURES = ("chunked prefills", "preemptions", "prefix hits in the step", "prefix hits across steps",
+            "accepted runs crossing a block")  # fmt: skip
+"""What a configuration's draws must reach when its engine enables it (`Features.enabled`)."""
+
+
+@dataclass
+class Features:
+    """How often the draws exercised each paged feature: requests whose prompt was fed over several
+    forwards, preemptions, a request's first forward reading cached blocks written in that same
+    forward or earlier, and steps that committed an accepted run across a block boundary."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FEATURES, 0))
+
+    def add(self, other: Features) -> None:
+        for name, n in other.counts.items():
+            self.counts[name] = self.counts.get(name, 0) + n
+
+    @staticmethod
+    def enabled(options: EngineOptions) -> tuple[str, ...]:
+        """The features the engine's settings turn on: a small token budget chunks, a small cache
+        preempts, prefix caching hits, speculation accepts runs."""
+        on = {"chunked prefills": options.max_num_batched_tokens is not None,
+              "preemptions": options.kv_blocks is not None,
+              "prefix hits in the step": options.prefix_caching, "prefix hits across steps": options.prefix_caching,
+              "accepted runs crossing a block": options.method != "none"}  # fmt: skip
+        return tuple(f for f in FEATURES if on[f])
+
+    def unexercised(self, options: EngineOptions) -> list[str]:
+        return [f for f in self.enabled(options) if not self.counts.get(f)]
+
+
+def features(trace: PagedTrace, preemptions: int = 0) -> Features:
+    """The paged features one workload's trace exercised (`Features`)."""
+    out = Features()
+    out.counts["preemptions"] = preemptions
+    chunked, first = set(), set()
+    last_call = {(rid, c.step): c.index for c in trace.calls for rid in c.request_ids}
+    for call in trace.calls:
+        size = call.block_size
+        for b, rid in enumerate(call.request_ids):
+            start, end = call.span(b)
+            prompt = len(trace.prompts.get(rid, ()))
+            if end > start and int(call.positions[end - 1]) + 1 < prompt:
+                chunked.add(rid)  # fed only part of its prompt in this forward
+            if rid not in first:
+                first.add(rid)
+                hit = set(call.block_table[b, : max(call.past(b), 0) // size].tolist())
+                if hit:
+                    others = [call.slot_mapping[slice(*call.span(o))] for o in range(len(call.request_ids)) if o != b]
+                    written = {int(s) // size for slots in others for s in slots.tolist() if s >= 0}
+                    key = "prefix hits in the step" if hit & written else "prefix hits across steps"
+                    out.counts[key] += 1
+            before = len(trace.committed(rid, call.step - 1))
+            after = len(trace.committed(rid, call.step))
+            run = after - before >= 2 and before // size != (after - 1) // size  # committed tokens cross a block
+            if run and call.index == last_call[(rid, call.step)]:
+                out.counts["accepted runs crossing a block"] += 1
+    out.counts["chunked prefills"] = len(chunked)
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # Drawn workloads
 
@@ -364,6 +425,7 @@ class WhiteBoxResult:
     violations: list[Violation] = field(default_factory=list)
     trace: PagedTrace | None = None
     reproducer: str | None = None
+    features: Features = field(default_factory=Features)  # what the draws exercised (not the shrinking)
 
     @property
     def passed(self) -> bool:
@@ -371,6 +433,9 @@ class WhiteBoxResult:
 
     @property
     def warnings(self) -> list[str]:
+        return self.acceptance_warnings() + self.feature_warnings()
+
+    def acceptance_warnings(self) -> list[str]:
         share = self.acceptance.ragged_share
         if self.options.method == "none" or self.acceptance.verify_steps == 0:
             return [] if self.options.method == "none" else ["nothing was drafted: the accept path never ran"]
@@ -378,6 +443,11 @@ class WhiteBoxResult:
             shown = "no step with two drafting requests" if share is None else f"{share:.2f}"
             return [f"ragged acceptance {shown} (below {RAGGED_FLOOR:g}): requests rarely accepted different counts"]
         return []
+
+    def feature_warnings(self) -> list[str]:
+        """An enabled feature no draw reached: the pass says nothing about it (only once workloads were drawn)."""
+        missed = self.features.unexercised(self.options) if self.examples else []
+        return [f"the draws never exercised {', '.join(missed)}, which this engine enables"] if missed else []
 
     def render(self) -> str:
         a = self.acceptance
@@ -388,6 +458,8 @@ class WhiteBoxResult:
         verified = f", {lengths[0]}-{lengths[-1]} drafts verified a query" if lengths else ""
         head = f"white box ({o.method}, K {o.k}{wrong}{verified}): {self.examples} workloads drawn, "
         lines = [head + f"{self.preemptions} preemptions, acceptance {rate}, ragged {ragged}, {self.seconds:.0f} s"]
+        lines.append("coverage: " + ", ".join(f"{n} {f}" for f, n in self.features.counts.items()))
+        lines += [f"warning: {w}" for w in self.warnings]
         lines += [v.render() for v in self.violations[:10]]
         lines.append(f"{len(self.violations)} violation(s)" if self.violations else "no paged or output rule broken")
         return "\n".join(lines)
@@ -397,6 +469,7 @@ class WhiteBoxResult:
         return {**self.subject, **payload, "passed": self.passed, "engine": self.options.to_json(),
                 "examples": self.examples, "shrink_runs": self.shrink_runs, "seconds": self.seconds,
                 "preemptions": self.preemptions, "acceptance": self.acceptance.to_json(), "warnings": self.warnings,
+                "features": dict(self.features.counts),
                 "violations": [asdict(v) for v in self.violations], "reproducer": self.reproducer}  # fmt: skip
 
 
@@ -429,7 +502,9 @@ class Probe:
         run = PagedRun(observed.trace, record=record, reference=self.reference, dtype="float32", oracle_from=oracle)
         if self.failure is None:
             self.result.acceptance.add(acceptance(observed.trace))
-            self.result.preemptions += sum(len(s) for s in observed.preempted.values())
+            preempted = sum(len(s) for s in observed.preempted.values())
+            self.result.preemptions += preempted
+            self.result.features.add(features(observed.trace, preempted))
         self.result.trace = observed.trace
         return paged_violations(run)
 
@@ -443,11 +518,22 @@ class Probe:
         self.result.shrink_runs += shrinking
         self.result.examples += not shrinking
         key = (found[0].check, found[0].rule) if found else None
-        if key is None or (shrinking and key != self.failure):
-            return  # passes, or fails another way: not the failure being shrunk
+        if key is None or (shrinking and (key != self.failure or not clear_margin(found[0]))):
+            return  # passes, fails another way, or too close to its tolerance to replay: not the failure shrunk
         self.failure = key
         self.latest = _Failed(workload, found)
         raise self.latest
+
+
+SHRINK_MARGIN = 4.0
+"""A shrunk case keeps a measured distance (kv-entry's) of at least this many times its tolerance
+(the noise bound): a smaller one might not fail again on another machine, so it is not reported."""
+
+
+def clear_margin(violation: Violation) -> bool:
+    """Whether a violation judged against a tolerance exceeds it by `SHRINK_MARGIN` (others: always)."""
+    distance, bound = violation.evidence.get("kv_distance"), violation.evidence.get("kv_bound")
+    return distance is None or bound is None or float(distance) >= SHRINK_MARGIN * float(bound)
 
 
 def oracle_from(target: torch.nn.Module, eos: int | None) -> Callable[[tuple[int, ...], int], Any]:

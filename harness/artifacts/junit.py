@@ -35,6 +35,7 @@ class Testcase:
     failure: Failure | None = None
     xfail: str | None = None
     reproducers: tuple[Path, ...] = ()
+    notes: tuple[str, ...] = ()  # lines for its system-out (a passing verdict's efficiency findings)
 
 
 def junit_document(title: str, suite: str, cases: list[Testcase], properties: dict[str, str]) -> ET.ElementTree:
@@ -73,9 +74,9 @@ def testcase(suite: ET.Element, case: Testcase) -> None:
         failure.text = case.failure.details
     elif case.xfail is not None:
         ET.SubElement(element, "skipped", type="xfail", message=case.xfail)
-    if case.reproducers:
+    if case.reproducers or case.notes:
         out = ET.SubElement(element, "system-out")
-        out.text = "\n".join(f"reproducer written to {path}" for path in case.reproducers)
+        out.text = "\n".join([*case.notes, *(f"reproducer written to {path}" for path in case.reproducers)])
 
 
 def write_junit(path: Path, tree: ET.ElementTree) -> None:

@@ -38,6 +38,8 @@ KINDS = (
     "sampling decoder",
 )
 WHERE = ("call", "row", "slot", "request")
+LEVELS = ("pass", "efficiency", "fail")
+"""An entry's verdict levels, least to most serious (`specaudit.audits.verdict.LEVELS`)."""
 
 
 def first_fields(first: Violation | None) -> dict[str, Any] | None:
@@ -55,12 +57,17 @@ def entry(
     signature: str | None,
     figures: dict[str, Any],
     coverage: Coverage | dict[str, Any] | None = None,
+    level: str | None = None,
 ) -> dict[str, Any]:
     """One subject's verdict: the shared fields, then the kind's own figures. Every entry has a
-    `coverage` object (`checks.coverage.Coverage.to_json`: what the verdict exercised, and its
-    flags): the one given, else the figures', else one flagged as not measured."""
+    `level` ("pass", "efficiency": only findings of cost, which pass unless made fatal, "fail";
+    default: from `passed`) and a `coverage` object (`checks.coverage.Coverage.to_json`: what the
+    verdict exercised, and its flags): the one given, else the figures', else one flagged as not measured."""
     assert kind in KINDS, kind
-    shared = {"kind": kind, "subject": subject, "passed": passed, "first": first_fields(first), "signature": signature}
+    level = level or ("pass" if passed else "fail")
+    assert level in LEVELS, level
+    shared = {"kind": kind, "subject": subject, "passed": passed, "level": level, "first": first_fields(first),
+              "signature": signature}  # fmt: skip
     shared["coverage"] = coverage_json(coverage if coverage is not None else figures.get("coverage"))
     return {**shared, **{k: v for k, v in figures.items() if k not in shared}}
 

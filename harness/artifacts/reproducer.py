@@ -13,6 +13,7 @@ A reproducer `DIR/<name>.json` is one envelope for every kind of failure:
 | blackbox | transport, server or engine, target, served model, dtype | seed, spread, batch cut, EOS, requests |
 | vllm-paged | vLLM model and speculative configuration | the in-process workload |
 | sampling-case | decoder | the sampling case (`SamplingCase.to_json`: batch, settings, draft, runs, seed) |
+| openvino | configuration, pipeline options, openvino-genai version | the workload (`adapters.openvino`) |
 
 `load_reproducer` reads the envelope and upgrades the four formats written before it (a
 versioned case file, an engine file with "ops", a `"kind": "specaudit-blackbox"` file, a case
@@ -123,6 +124,7 @@ KINDS = {
     "vllm-paged": "a vLLM white-box reproducer",
     "transformers-cb": "a transformers continuous-batching reproducer",
     "sampling-case": "a sampling decoder's case",
+    "openvino": "an OpenVINO GenAI reproducer",
 }
 """Each kind of reproducer, and how a message names it."""
 EXTERNAL = "external:"
@@ -315,6 +317,9 @@ def validate(reproducer: Reproducer) -> Reproducer:
     elif reproducer.kind == "transformers-cb":
         if not isinstance((reproducer.payload.get("workload") or {}).get("requests"), list):
             raise UsageError(f"{reproducer.where}: transformers-cb reproducer has no workload with requests")
+    elif reproducer.kind == "openvino":
+        if not isinstance((reproducer.payload.get("workload") or {}).get("prompts"), list):
+            raise UsageError(f"{reproducer.where}: OpenVINO reproducer has no workload with prompts")
     elif not isinstance(reproducer.payload.get("requests"), list):
         raise UsageError(f"{reproducer.where}: black-box reproducer has no list of requests")
     return reproducer

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,10 @@ COVERAGE_LEGEND = (
     "all rounds, largest batch B, draft lengths K, highest position id, rows finished early, prompts holding "
     "the pad id, EOS stops (specaudit.checks.coverage)"
 )
+EFFICIENCY_LEGEND = (
+    "EFFICIENCY = output and invariants right, but verified drafts thrown away or rejected ones kept "
+    "(token preservation: a cost, not fatal unless --strict-efficiency)"
+)
 RAGGED_EVENT = "admission into a batch with ragged acceptance"
 """The engine event whose share of runs the engine table shows (`ragged`)."""
 
@@ -36,11 +41,19 @@ def coverage_of(e: Entry) -> Coverage:
     return Coverage.from_json(e.get("coverage") or {"level": "none"})
 
 
-def verdict_word(passed: bool, coverage: Coverage) -> str:
-    """PASS, FAIL, or a pass that exercised little, with why: "PASS (no ragged round)"."""
+def verdict_word(passed: bool, coverage: Coverage, level: str = "pass") -> str:
+    """PASS, FAIL, EFFICIENCY (only findings of cost: output and invariants right), or a pass that
+    exercised little, with why: "PASS (no ragged round)"."""
     if not passed:
         return "FAIL"
+    if level == "efficiency":
+        return "EFFICIENCY"
     return f"PASS ({coverage.flags[0]})" if coverage.flags else "PASS"
+
+
+def entry_word(e: Entry) -> str:
+    """An entry's verdict word (`verdict_word`) from its passed, coverage and level."""
+    return verdict_word(e["passed"], coverage_of(e), e.get("level", "pass"))
 
 
 def known_line(e: Entry) -> list[str]:
@@ -58,42 +71,93 @@ def known_line(e: Entry) -> list[str]:
 
 
 def decoder_table(entries: list[Entry], details: Sequence[list[str] | None], timing_basis: dict[str, int]) -> str:
-    """The forensic table (the paper's Table 2, with a diagnosis in every row, and what each
-    verdict exercised), then each check's status per decoder x model. `timing_basis`: the least
-    a run must do to be timed for the instrumentation overhead (the audit's)."""
-    words = [verdict_word(e["passed"], coverage_of(e)) for e in entries]
-    w = max([9, *map(len, words)])
+    """The forensic table (the paper's Table 2, with a diagnosis in every row), then what each
+    verdict exercised and each check's status per decoder x model, each a table of its own so that
+    no line outgrows `WIDTH`. `timing_basis`: the least a run must do to be timed for the
+    instrumentation overhead (the audit's)."""
+    words = [entry_word(e) for e in entries]
+    wasteful = any(f.get("level") == "efficiency" for e in entries for f in [e, *(e.get("failures") or [])])
+    w = max([9 if not wasteful else 10, *map(len, words)])
+    n = name_width(entries)
     header = (
-        f"{'decoder':<44} {'model':<11} {'cases':>5} {'exact':>6} {'partial':>7} {'tok/s':>7} {'align%':>6}  "
-        f"{'verdict':<{w}} {'first check':<18} {'signature':<17} {'expected':<8}  coverage"
+        f"{'decoder':<{n}} {'model':<11} {'cases':>7} {'exact':>6} {'partial':>7} {'tok/s':>7} {'align%':>6}  "
+        f"{'verdict':<{w}} {'first check':<18} {'signature':<17} {'expected':<8}"
     )
     lines = [header, "-" * len(header)]
     for e, word in zip(entries, words):
-        lines.append(decoder_row(e, word, w))
+        lines.append(decoder_row(e, word, w, n))
         failures = e.get("failures") or []
-        lines += [more_failure_line(e, i, len(failures), w) for i in range(1, len(failures))]
+        lines += [more_failure_line(e, i, len(failures), w, n) for i in range(1, len(failures))]
     lines.append(overhead_line(entries, timing_basis))
-    lines.append("align% = share of decoder time outside model forwards (realignment, acceptance, bookkeeping)")
-    lines.append(COVERAGE_LEGEND)
+    lines.append(
+        "cases = cases run (returned/run when some raised or hung: exact and partial match are over the returned "
+        "ones' rows); align% = share of decoder time outside model forwards (realignment, acceptance, bookkeeping)"
+    )
+    lines += [EFFICIENCY_LEGEND] if wasteful else []
+    lines += ["", *coverage_table(entries), COVERAGE_LEGEND]
     lines += ["", *check_table(entries)]
     for e, more in zip(entries, details):
         lines += known_line(e)
         lines += more or []
-    return "\n".join(lines)
+    return "\n".join(wrapped for line in lines for wrapped in fit(line))
 
 
-def decoder_row(e: Entry, word: str, width: int) -> str:
+WIDTH = 200
+"""The widest line a table writes: longer text (a legend, a minimal case's evidence) is wrapped."""
+
+
+def fit(line: str, width: int = WIDTH) -> list[str]:
+    """`line`, wrapped at `width` with its continuation indented 4 past its own indent."""
+    if len(line) <= width:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+
+
+def coverage_table(entries: list[Entry]) -> list[str]:
+    """What each verdict exercised (`Coverage.summary`), per decoder x model."""
+    n = name_width(entries)
+    header = f"{'coverage':<{n}} {'model':<11} what the runs exercised"
+    rows = [f"{short_name(e['subject']['decoder']):<{n}} {e['subject']['model']:<11} {coverage_of(e).summary()}"
+            for e in entries]  # fmt: skip
+    return [header, "-" * len(header), *rows]
+
+
+SHORTENED = "specaudit.reference."
+"""Left out of the decoder column (the references and planted bugs: `mutants:pads_attended`), so that
+the table's rows keep one width whatever the planted bugs' names."""
+
+
+def short_name(spec: str) -> str:
+    """A decoder's name in the tables: its spec, without `SHORTENED`."""
+    return spec.removeprefix(SHORTENED)
+
+
+def name_width(entries: list[Entry]) -> int:
+    """The decoder column's width: 44, or the longest name shown."""
+    return max([44, *(len(short_name(e["subject"]["decoder"])) for e in entries)])
+
+
+def decoder_row(e: Entry, word: str, width: int, name: int = 44) -> str:
     subject, share = e["subject"], e["outside_models_share"]
     return (
-        f"{subject['decoder']:<44} {subject['model']:<11} {e['cases']:>5} {fmt(e['exact_match'], '.2f'):>6} "
+        f"{short_name(subject['decoder']):<{name}} {subject['model']:<11} {cases_cell(e):>7} "
+        f"{fmt(e['exact_match'], '.2f'):>6} "
         f"{fmt(e['partial_match'], '.2f'):>7} {fmt(e['tokens_per_second'], '.0f'):>7} "
         f"{fmt(None if share is None else 100 * share, '.0f'):>6}  "
         f"{word:<{width}} {(e['first'] or {}).get('check') or '':<18} "
-        f"{e['signature'] or '':<17} {'yes' if e['as_expected'] else 'NO':<8}  {coverage_of(e).summary()}"
+        f"{e['signature'] or '':<17} {'yes' if e['as_expected'] else 'NO'}"
     )
 
 
-def more_failure_line(e: Entry, index: int, count: int, width: int) -> str:
+def cases_cell(e: Entry) -> str:
+    """The cases run, as "measured/run" when some raised or hung: exact and partial match are
+    over the cases that returned outputs only."""
+    measured = e.get("measured_cases", e["cases"])
+    return str(e["cases"]) if measured == e["cases"] else f"{measured}/{e['cases']}"
+
+
+def more_failure_line(e: Entry, index: int, count: int, width: int, name: int = 44) -> str:
     """A row under an entry's for its `index`-th distinct failure: its first check, rule and signature."""
     failure = e["failures"][index]
     first = failure.get("first") or {}
@@ -101,7 +165,8 @@ def more_failure_line(e: Entry, index: int, count: int, width: int) -> str:
     check = (failure.get("diagnosis") or {}).get("first_check") or first.get("check") or ""
     rule = f" ({first['rule']})" if first.get("rule") is not None else ""
     return (
-        f"{label:<44} {e['subject']['model']:<11} {'':>5} {'':>6} {'':>7} {'':>7} {'':>6}  {'FAIL':<{width}} "
+        f"{label:<{name}} {e['subject']['model']:<11} {'':>7} {'':>6} {'':>7} {'':>7} {'':>6}  "
+        f"{'EFFICIENCY' if failure.get('level') == 'efficiency' else 'FAIL':<{width}} "
         + (f"{check + rule:<18} {failure.get('signature') or '':<17}").rstrip()
     )
 
@@ -123,14 +188,16 @@ def check_table(entries: list[Entry]) -> list[str]:
     """Each check's status over the runs, per decoder x model (FAIL in capitals)."""
     checks = list(dict.fromkeys(c for e in entries for c in e["checks"]))
     widths = [max(len(c), 5) for c in checks]
-    header = f"{'checks':<44} {'model':<11} " + " ".join(f"{c:<{w}}" for c, w in zip(checks, widths))
+    n = name_width(entries)
+    header = f"{'checks':<{n}} {'model':<11} " + " ".join(f"{c:<{w}}" for c, w in zip(checks, widths))
     lines = [header, "-" * len(header)]
     for e in entries:
         cells = []
         for c, w in zip(checks, widths):
             status = e["checks"].get(c, "n/a")
             cells.append(f"{'FAIL' if status == 'fail' else status:<{w}}")
-        lines.append(f"{e['subject']['decoder']:<44} {e['subject']['model']:<11} " + " ".join(cells))
+        name = short_name(e["subject"]["decoder"])
+        lines.append(f"{name:<{n}} {e['subject']['model']:<11} " + " ".join(cells).rstrip())
     return lines
 
 

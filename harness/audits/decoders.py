@@ -10,6 +10,7 @@ none failed, "n/a" if it applied to no run (`specaudit.checks.registry.combined`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -18,7 +19,15 @@ from specaudit.artifacts.report import entry, first_fields
 from specaudit.artifacts.reproducer import identifier
 from specaudit.artifacts.tables import decoder_table
 from specaudit.audits.regression import write_failure
-from specaudit.audits.verdict import Progress, median, merge_statuses, run_statuses
+from specaudit.audits.verdict import (
+    Progress,
+    efficiency_only,
+    level_of,
+    median,
+    merge_statuses,
+    minimal_case_statuses,
+    run_statuses,
+)
 from specaudit.checks import equivalence
 from specaudit.checks.coverage import Coverage, coverage_of_run
 from specaudit.checks.diagnosis import Diagnosis, Finding, diagnose
@@ -59,6 +68,7 @@ class DecoderVerdict:
     model: str
     expect_failure: bool = False  # a planted bug: the audit passes when it is caught
     examples: int = 0
+    measured: int = 0  # the cases whose run returned outputs: what exact and partial match are over
     seconds: float = 0.0
     exact_rows: int = 0
     rows: int = 0
@@ -72,14 +82,28 @@ class DecoderVerdict:
     checks: dict[str, str] = field(default_factory=dict)  # check -> "pass" / "fail" / "xfail" / "n/a"
     known: set[tuple[str, str]] = field(default_factory=set)  # (check, rule) of known failures met
     coverage: Coverage = field(default_factory=Coverage)  # what the runs exercised (`checks.coverage`)
+    strict_efficiency: bool = False  # --strict-efficiency: an efficiency finding fails the verdict
+
+    @property
+    def level(self) -> str:
+        """ "fail" if a failure breaks correctness, "efficiency" if every one is a finding of cost
+        (token preservation alone: the output and invariants hold), else "pass"."""
+        return level_of(d.violations for d in self.diagnoses())
 
     @property
     def passed(self) -> bool:
-        return self.diagnosis is None
+        return self.level == "pass" or (self.level == "efficiency" and not self.strict_efficiency)
 
     @property
     def as_expected(self) -> bool:
-        return self.passed != self.expect_failure
+        """A planted bug is as expected when reported at any level (a planted token-preservation
+        bug at "efficiency"); anything else when it passed."""
+        return self.level != "pass" if self.expect_failure else self.passed
+
+    def fatal(self) -> list[Diagnosis]:
+        """The failures that fail the verdict: those of correctness, and the efficiency findings
+        under --strict-efficiency (correctness first: `audit_model` orders them)."""
+        return [d for d in self.diagnoses() if self.strict_efficiency or not efficiency_only(d.violations)]
 
     @property
     def exact_match(self) -> float | None:
@@ -94,12 +118,22 @@ class DecoderVerdict:
         self.known.update((v.check, v.rule) for v in known)
         if run.outputs is None:
             return
+        self.measured += 1
         rows = equivalence(run).rows
         self.rows += len(rows)
         self.exact_rows += sum(r.exact for r in rows)
         self.partial_sum += sum(r.partial for r in rows)
         self.tokens_per_second.append(run.tokens_per_second)
         self.outside_share.append(run.outside_models_share)
+
+    def take_failures(self, found: list[Diagnosis], known: Callable[[Violation], bool]) -> None:
+        """The minimal cases' diagnoses, one per failure class, correctness failures first; their check
+        statuses are folded into the verdict's, so that the checks table and each minimal case under
+        it say the same (a minimal case is a run of its own, which the search's runs need not include)."""
+        self.failures = sorted(distinct(found), key=lambda d: efficiency_only(d.violations))
+        for d in self.failures:
+            self.checks = merge_statuses([self.checks, minimal_case_statuses(d.checks, d.violations, known)])
+        self.diagnosis = self.failures[0] if self.failures else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +142,9 @@ class DecoderVerdict:
             "expect_failure": self.expect_failure,
             "as_expected": self.as_expected,
             "cases": self.examples,
+            "measured_cases": self.measured,
+            "exact_rows": self.exact_rows,
+            "rows": self.rows,
             "seconds": round(self.seconds, 3),
             "exact_match": self.exact_match,
             "partial_match": self.partial_sum / self.rows if self.rows else None,
@@ -130,7 +167,7 @@ class DecoderVerdict:
     def report_entry(self) -> dict[str, Any]:
         f, subject = self.finding, {"decoder": self.decoder, "model": self.model}
         first, signature = (f.first, f.signature) if f else (None, None)
-        return entry("decoder", subject, self.passed, first, signature, self.to_json(), self.coverage)
+        return entry("decoder", subject, self.passed, first, signature, self.to_json(), self.coverage, self.level)
 
     def diagnoses(self) -> list[Diagnosis]:
         """Every distinct failure found, the first first ([] when it passed)."""
@@ -143,16 +180,18 @@ class DecoderVerdict:
         lines: list[str] = []
         for i, d in enumerate(self.diagnoses()):
             of = f" (failure {i + 1} of {len(self.failures)})" if len(self.failures) > 1 else ""
-            lines += ["", f"{self.decoder} on {self.model}: minimal failing case{of}"]
+            waste = efficiency_only(d.violations) and not self.strict_efficiency
+            what = "efficiency finding (not fatal), minimal case" if waste else "minimal failing case"
+            lines += ["", f"{self.decoder} on {self.model}: {what}{of}"]
             lines += ["  " + line for line in d.render().splitlines()[1:]]
         return lines
 
     def status(self) -> str:
-        d = self.diagnosis
-        status = "PASS" if d is None else f"FAIL ({d.signature})"
+        d, word = self.diagnosis, "EFFICIENCY" if self.passed else "FAIL"
+        status = "PASS" if d is None else f"{word} ({d.signature})"
         if len(self.failures) > 1:
             signatures = ", ".join(str(f.signature) for f in self.failures)
-            status = f"FAIL ({len(self.failures)} distinct failures: {signatures})"
+            status = f"{word} ({len(self.failures)} distinct failures: {signatures})"
         return f"{self.decoder} on {self.model}: {status}"
 
     def write_reproducers(self, directory: Path, summary: str) -> list[Path]:
@@ -218,13 +257,15 @@ def audit_model(
     known: KnownFailures | None = None,
     shrink_budget: int = SHRINK_BUDGET,
     minimize_budget: int = MINIMIZE_BUDGET,
+    strict_efficiency: bool = False,
 ) -> DecoderVerdict:
     """Every check on up to `examples` generated cases; each distinct failure that is not a known
     one (up to MAX_FAILURES; the first alone for a planted bug, which only has to be caught) is
     shrunk (within the two budgets, see `specaudit.search.driver`) and diagnosed. The first case
-    long enough to time also runs without hooks, to measure the instrumentation's cost."""
+    long enough to time also runs without hooks, to measure the instrumentation's cost. Failures
+    of correctness come first, efficiency findings after (`DecoderVerdict.level`)."""
     factory = load_decoder(spec)
-    verdict = DecoderVerdict(spec, model, expect_failure)
+    verdict = DecoderVerdict(spec, model, expect_failure, strict_efficiency=strict_efficiency)
     known = known or KnownFailures()
 
     def is_known(v: Violation) -> bool:
@@ -237,7 +278,7 @@ def audit_model(
             verdict.instrumentation_overhead = instrumentation_overhead(spec, run.case, factory)
         evaluation = evaluate(run)
         known_here = [v for v in evaluation.violations if is_known(v)]
-        verdict.record(run, run_statuses(evaluation, is_known), known_here)
+        verdict.record(run, run_statuses(evaluation, is_known, len(run.recording.target_calls)), known_here)
         if progress:
             progress.tick(f"{spec} on {model}: {verdict.examples} cases")
 
@@ -253,8 +294,7 @@ def audit_model(
         counts=lambda v: not is_known(v),
         max_failures=1 if expect_failure else MAX_FAILURES,
     )
-    verdict.failures = distinct([diagnose(run_case(spec, f.minimal, factory=factory)) for f in result.failures])
-    verdict.diagnosis = verdict.failures[0] if verdict.failures else None
+    verdict.take_failures([diagnose(run_case(spec, f.minimal, factory=factory)) for f in result.failures], is_known)
     verdict.seconds = result.seconds
     return verdict
 
@@ -280,7 +320,9 @@ def failure_json(d: Diagnosis, name: str) -> dict[str, Any]:
     """One distinct failure in report.json: its first violation, signature and reproducer file
     (under DIR/repro), then its whole diagnosis."""
     file = f"{identifier(name)}.json"
-    return {"first": first_fields(d.first), "signature": d.signature, "reproducer": file, "diagnosis": d.to_json()}
+    level = "efficiency" if efficiency_only(d.violations) else "fail"
+    return {"first": first_fields(d.first), "signature": d.signature, "level": level, "reproducer": file,
+            "diagnosis": d.to_json()}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------

@@ -56,10 +56,11 @@ from pathlib import Path
 from typing import Any
 
 from specaudit.artifacts.junit import Failure, Testcase, junit_document, write_junit
+from specaudit.artifacts.report import write_report
 from specaudit.artifacts.reproducer import identifier
 from specaudit.audits.decoders import DecoderVerdict, failure_name
 from specaudit.audits.engines import EngineVerdict
-from specaudit.audits.plan import SUBJECTS, Item, run_items, tables
+from specaudit.audits.plan import SUBJECTS, Item, forget_report, run_items, shard_items, shard_record, tables
 from specaudit.audits.verdict import Verdict
 from specaudit.checks.diagnosis import Diagnosis
 from specaudit.config.settings import GateSettings
@@ -101,7 +102,7 @@ def held_to_gate(v: Verdict, settings: GateSettings) -> Judged:
     e, known = v.report_entry(), known_failures(v, settings)
     if isinstance(v, DecoderVerdict):
         failure = below_threshold(v, settings) if e["passed"] else decoder_failure(v, settings)
-        return Judged(v, e, failure, known, tuple(diagnosis_failure(d) for d in v.failures[1:]))
+        return Judged(v, e, failure, known, tuple(diagnosis_failure(d) for d in v.fatal()[1:]))
     assert isinstance(v, EngineVerdict), v
     failure = None if e["passed"] or known else engine_failure(v)
     return Judged(v, e, failure, known)
@@ -120,8 +121,7 @@ def known_failures(v: Verdict, settings: GateSettings) -> list[tuple[str, str]]:
 def decoder_failure(verdict: DecoderVerdict, settings: GateSettings) -> Failure:
     """A failing decoder's first violation that no --xfails entry covers (else its first), with its
     full diagnosis."""
-    d = verdict.diagnosis
-    assert d is not None  # a decoder fails exactly when it has a diagnosis
+    d = verdict.fatal()[0]  # a decoder fails exactly when it has a fatal failure (correctness ones first)
     new = [x for x in d.violations if not settings.xfails.matches(verdict.decoder, verdict.model, x.check, x.rule)]
     first = new[0] if new else d.first
     check = first.check if first else d.first_check
@@ -186,8 +186,17 @@ def testcase(j: Judged, reproducers: list[Path]) -> Testcase:
     name = model if e["kind"] == "decoder" else f"engine-machine[{model}]"
     xfail = "known failures: " + ", ".join(f"{check} {rule}" for check, rule in j.known) if j.known else None
     return Testcase(
-        f"specaudit.{spec}", name, e["seconds"], properties(j.verdict, e), j.failure, xfail, tuple(reproducers)
-    )
+        f"specaudit.{spec}", name, e["seconds"], properties(j.verdict, e), j.failure, xfail, tuple(reproducers),
+        efficiency_notes(j.verdict) if j.failure is None else (),
+    )  # fmt: skip
+
+
+def efficiency_notes(v: Verdict) -> tuple[str, ...]:
+    """A passing decoder's efficiency findings (not fatal without --strict-efficiency), one line each."""
+    if not isinstance(v, DecoderVerdict) or v.level != "efficiency":
+        return ()
+    return tuple(f"efficiency finding (not fatal): {d.first_check} violated ({d.signature}): "
+                 f"{d.first.render() if d.first else d.reason}" for d in v.diagnoses())  # fmt: skip
 
 
 def further_testcase(j: Judged, index: int, failure: Failure, reproducers: list[Path]) -> Testcase:
@@ -219,7 +228,8 @@ def properties(v: Verdict, e: dict[str, Any]) -> dict[str, str]:
         "first_check": first.get("check") or "",
         "rule": first.get("rule") or "",
         "signature": e["signature"] or "",
-        "verdict": "pass" if e["passed"] else failed,
+        "verdict": ("efficiency" if e.get("level") == "efficiency" else "pass") if e["passed"] else failed,
+        "level": e.get("level", "pass" if e["passed"] else "fail"),
     }
     return {"kind": e["kind"], **e["subject"], **figures, **shared, **statuses, **coverage_properties(e)}
 
@@ -278,6 +288,16 @@ def write_outputs(judged: list[Judged], settings: GateSettings) -> list[list[Pat
     return reproducers
 
 
+def write_shard_report(judged: list[Judged], settings: GateSettings, record: dict[str, Any], failed: int) -> None:
+    """A shard's --out/report.json: its entries (each with whether it fails the gate), its shard
+    record, its exit status and where its JUnit is, for `specaudit merge`."""
+    entries = [dict(j.entry, gate="fail" if j.failure else "known" if j.skipped else "pass") for j in judged]
+    junit = settings.junit.resolve()
+    out = settings.out.resolve()
+    where = str(junit.relative_to(out)) if junit.is_relative_to(out) else str(junit)
+    write_report(settings.out, "gate", entries, shard=record, exit=int(failed > 0), junit=where)
+
+
 def decoders_line(settings: GateSettings) -> str:
     if not settings.decoders and settings.engines:
         return "no decoder"
@@ -292,7 +312,10 @@ def gate_items(settings: GateSettings) -> list[Item]:
 def run_gate(settings: GateSettings) -> int:
     """`specaudit gate`: exit 0 when every testcase passes or fails only in known ways, else 1."""
     check_outputs(settings)
-    items = gate_items(settings)
+    plan = gate_items(settings)
+    items = shard_items(plan, settings.shard)
+    if settings.shard is not None:
+        forget_report(settings.out)
     for d in SUBJECTS:
         for spec in dict.fromkeys(item.spec for item in items if item.kind == d.kind):
             d.load(spec)  # an unloadable subject is a usage error before anything runs
@@ -302,6 +325,8 @@ def run_gate(settings: GateSettings) -> int:
         f"{settings.examples} cases each, seed {settings.seed}\n  thresholds: {describe(settings)}",
         flush=True,  # before the workers start
     )
+    if settings.shard is not None:
+        print(f"  shard {settings.shard}: {len(items)} of the plan's {len(plan)} cells", flush=True)
     verdicts = run_items(items, settings)
     if verdicts:
         print(tables(verdicts))
@@ -313,6 +338,8 @@ def run_gate(settings: GateSettings) -> int:
             print(f"{subject[j.entry['kind']]} on {subject['model']}: {j.failure.message}")
     failed = sum(j.failure is not None for j in judged)
     known = sum(j.skipped for j in judged)
+    if settings.shard is not None:
+        write_shard_report(judged, settings, shard_record(plan, settings.shard), failed)
     print(
         f"\n{len(judged) - failed - known} passed, {known} known failure(s), {failed} failed: "
         f"gate {'FAILED' if failed else 'PASSED'}"

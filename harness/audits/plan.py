@@ -19,7 +19,9 @@ reproducers follow from the protocol; the gate judges decoders and engines only 
 from __future__ import annotations
 
 import functools
-from typing import Protocol
+import hashlib
+from pathlib import Path
+from typing import Any, Protocol
 
 from specaudit.audits.decoders import (
     PLANTED_BUG_EXAMPLES,
@@ -34,9 +36,11 @@ from specaudit.audits.subject import Item, SubjectDriver
 from specaudit.audits.transformers_cb import TRANSFORMERS_CB
 from specaudit.audits.verdict import Progress, Verdict
 from specaudit.config.settings import AuditSettings, GateSettings
+from specaudit.config.shards import Shard, cell_ids
 from specaudit.config.xfails import KnownFailures
 from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.engine import load_engine
+from specaudit.contracts.errors import UsageError
 from specaudit.search.driver import SHRINK_BUDGET
 from specaudit.search.jobs import default_jobs, run_all
 
@@ -52,7 +56,8 @@ def decoder_items(settings: AuditSettings) -> list[Item]:
         budget = max(settings.examples, PLANTED_BUG_EXAMPLES) if expect_failure else settings.examples
         shrink = PLANTED_SHRINK_BUDGET if expect_failure else SHRINK_BUDGET
         items.append(
-            Item(spec, model, expect_failure, budget, settings.seed, known=settings.xfails, shrink_budget=shrink)
+            Item(spec, model, expect_failure, budget, settings.seed, known=settings.xfails, shrink_budget=shrink,
+                 strict_efficiency=settings.strict_efficiency)  # fmt: skip
         )
     return items
 
@@ -60,7 +65,8 @@ def decoder_items(settings: AuditSettings) -> list[Item]:
 def gate_decoder_items(settings: GateSettings) -> list[Item]:
     """Every decoder x model, past the known failures, with the search's own shrink budget."""
     return [
-        Item(spec, model, False, settings.examples, settings.seed, known=settings.xfails)
+        Item(spec, model, False, settings.examples, settings.seed, known=settings.xfails,
+             strict_efficiency=settings.strict_efficiency)  # fmt: skip
         for spec in settings.decoders
         for model in settings.models
     ]
@@ -76,6 +82,7 @@ def run_decoder(item: Item, progress: Progress | None) -> Verdict:
         expect_failure=item.expect_failure,
         known=item.known,
         shrink_budget=item.shrink_budget,
+        strict_efficiency=item.strict_efficiency,
     )
 
 
@@ -136,6 +143,47 @@ def driver(kind: str) -> SubjectDriver:
 
 
 # ---------------------------------------------------------------------------------------
+# Shards: the cells of a plan one job runs (`--shard i/n`, `specaudit.config.shards`)
+
+
+def plan_cells(items: list[Item]) -> list[str]:
+    """Each item's cell name, in plan order."""
+    return cell_ids([(item.kind, item.spec, item.model) for item in items])
+
+
+def shard_items(items: list[Item], shard: Shard | None) -> list[Item]:
+    """The items of `shard` (all of them without one), in plan order."""
+    if shard is None:
+        return items
+    return [item for item, cell in zip(items, plan_cells(items)) if shard.holds(cell)]
+
+
+def shard_record(items: list[Item], shard: Shard) -> dict[str, Any]:
+    """What a shard's report.json says of itself, so that `specaudit merge` can tell a missing,
+    foreign or incomplete shard: which shard, the whole plan's cells, and its own cells (one per
+    report entry, in the entries' order)."""
+    plan = plan_cells(items)
+    mine = [cell for cell in plan if shard.holds(cell)]
+    return {"index": shard.index, "count": shard.count, "plan": plan, "cells": mine, "digest": plan_digest(items)}
+
+
+def forget_report(directory: Path) -> None:
+    """Remove an earlier run's DIR/report.json before a shard starts: the report is written last,
+    so a shard killed midway leaves none, and `specaudit merge` cannot take a stale one for it."""
+    try:
+        (directory / "report.json").unlink(missing_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write to --out {directory}: {exc.strerror or exc}") from None
+
+
+def plan_digest(items: list[Item]) -> str:
+    """A fingerprint of what every cell runs (subject, model, budgets, seed), so that shards run with
+    different --examples or --seed are not merged as one plan."""
+    fields = [(i.kind, i.spec, i.model, i.expect_failure, i.examples, i.seed, i.shrink_budget) for i in items]
+    return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------
 # The run: every item, in worker processes, the results in plan order
 
 
@@ -159,6 +207,7 @@ class Runs(Protocol):
 
     jobs: int | None  # worker processes; None: one per available core
     quiet: bool
+    ray: bool  # Ray tasks instead of worker processes (`specaudit.fleet.ray_sweep`)
     xfails: KnownFailures  # the entries the workers matched are marked used in it
 
 
@@ -173,6 +222,10 @@ def run_items(items: list[Item], settings: Runs) -> list[Verdict]:
         settings.xfails.mark_used(used)
         progress[verdict.kind].finish_item(verdict)
 
+    if settings.ray:  # one Ray task per item, on a cluster or a local Ray; the same results in plan order
+        from specaudit.fleet.ray_sweep import run_all_ray
+
+        return [verdict for verdict, _ in run_all_ray(run_item, items, on_done, first=item_cost)]
     jobs = settings.jobs or default_jobs()
     fn = run_item if jobs > 1 else functools.partial(run_in_process, progress=progress)
     return [verdict for verdict, _ in run_all(fn, items, jobs, on_done, first=item_cost)]

@@ -173,6 +173,14 @@ def write_reproducers(
     return lines, paths
 
 
+def write_partial(settings: RealAuditSettings, report: list[dict[str, Any]]) -> None:
+    """report.json as far as the audit has got (`"complete": false`), rewritten after every batch:
+    an audit cut off by its step's time limit (a device lease, a CI timeout) still leaves every
+    verdict it reached; the final write drops the flag."""
+    if settings.out is not None:
+        write_report(settings.out, "audit --target", report, complete=False)
+
+
 def batch_report(run: RealRun, diagnosis: Diagnosis, checks: dict[str, str], reproducers: list[str]) -> dict[str, Any]:
     """One batch's report entry: the diagnosis, each check's status, throughput, sampling, overhead
     and what the batch exercised."""
@@ -282,6 +290,8 @@ def run_real_audit(settings: RealAuditSettings) -> int:
             diagnoses.append(diagnosis)
             statuses.append(checks)
             print(batch_line(run, diagnosis), flush=True)
+            report.append(batch_report(run, diagnosis, checks, []))
+            write_partial(settings, report)  # the verdict on disk before the witness and the reproducers
             if not diagnosis.passed and run.outputs is not None:
                 second = second_witness(run, noise, draft, settings) if target.dtype in LOW_PRECISION else None
                 print(witness_line(run, diagnosis, second), flush=True)
@@ -289,7 +299,9 @@ def run_real_audit(settings: RealAuditSettings) -> int:
             if not diagnosis.passed and settings.out is not None:
                 lines, written = write_reproducers(settings.out, run, diagnosis, settings)
                 print("\n".join(lines), flush=True)
-            report.append(batch_report(run, diagnosis, checks, written))
+            if written:
+                report[-1] = batch_report(run, diagnosis, checks, written)
+                write_partial(settings, report)
         print(overall(runs, diagnoses, merge_statuses(statuses), settings.check_rate, control), flush=True)
         failed += not all(d.passed for d in diagnoses)
     print(f"\n{len(settings.decoders) - failed} passed, {failed} failed")

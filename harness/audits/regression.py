@@ -4,8 +4,9 @@ embedded in a self-contained pytest file.
 `write_failure` and `write_engine_failure` are what the audit, the gate, `specaudit minimize` and
 the real-model audit call for a failure: the reproducer (`specaudit.artifacts.reproducer`, the
 format) and, for cases on the built-in models and engine rules, `DIR/test_regression_<name>.py`.
-The written test imports only names that stay put (or keep their old path, `specaudit._moved`):
-files written by older versions keep running.
+The written test imports only `specaudit.__all__`, the public API, so no internal move can break
+it (files written by older versions import old paths that `specaudit._moved` keeps until their
+removal release).
 """
 
 from __future__ import annotations
@@ -44,11 +45,7 @@ from __future__ import annotations
 
 import pytest
 
-from specaudit.contracts.case import Case
-from specaudit.checks.registry import all_violations
-from specaudit.commands.pytest_notes import remember_failure
-from specaudit.contracts.violation import explain
-from specaudit.running.runner import run_case
+from specaudit import Case, all_violations, explain, remember_failure, run_case
 
 pytestmark = pytest.mark.specaudit
 
@@ -118,9 +115,8 @@ import os
 
 import pytest
 
-from specaudit.search.engine_replay import replay
-from specaudit.commands.pytest_notes import remember_engine_failure
-from specaudit.contracts.violation import render
+from specaudit import remember_engine_failure, render
+from specaudit import replay_engine as replay
 
 pytestmark = pytest.mark.specaudit
 

@@ -28,6 +28,7 @@ class Item:
     kind: str = "decoder"
     known: KnownFailures = field(default_factory=KnownFailures)
     shrink_budget: int = SHRINK_BUDGET
+    strict_efficiency: bool = False  # --strict-efficiency: an efficiency finding fails a decoder
 
 
 Run = Callable[[Item, Progress | None], Verdict]

@@ -12,9 +12,12 @@ runs again. With --decoder or --engine the audit is of the user's own subjects: 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +78,26 @@ def gate_items(settings: GateSettings) -> list[Item]:
     return []
 
 
+PAGED_LOGGER = "transformers.generation.continuous_batching"
+"""transformers' paged API logs its set-up and threads at info and warning level ("Paged cache
+initialized", "Manager thread is already running"): lines interleaved with the audit's progress
+that say nothing about the verdict, which carries what the run exercised."""
+
+
+@contextlib.contextmanager
+def quiet_paged_api() -> Iterator[None]:
+    """transformers' paged-API loggers at ERROR while a run lasts, restored after."""
+    logger = logging.getLogger(PAGED_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def run_transformers_cb(item: Item, progress: Progress | None = None) -> Verdict:
-    with one_torch_thread():  # the engine's thread and the oracle's: two cores, no oversubscription
+    with one_torch_thread(), quiet_paged_api():  # one torch thread: the engine's and the oracle's, on two cores
         if item.spec == SEARCH_SPEC:
             return searched(item)
         if item.spec == SAMPLING_SPEC:

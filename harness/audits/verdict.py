@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from specaudit.checks.registry import FAIL, NOT_APPLICABLE, Evaluation
+from specaudit.artifacts.report import LEVELS
+from specaudit.checks.registry import CHECKS, FAIL, NOT_APPLICABLE, Evaluation, check_named
 from specaudit.config.xfails import KnownFailures
 from specaudit.contracts.violation import Violation
 
@@ -99,6 +100,26 @@ class EntryVerdict:
         """Nothing: a driver that knows of known failures says so in its entries."""
 
 
+EFFICIENCY_CHECKS = frozenset(check.name for check in CHECKS if check.cost)
+"""Checks of a design's cost, not of its correctness (the registry's `Check.cost`; the paper: token
+preservation is what a design keeps of the work done; output equivalence and the invariants are
+what it must get right). A finding of these alone is its own verdict level, "efficiency": reported,
+not fatal unless --strict-efficiency asks."""
+
+
+def efficiency_only(violations: Iterable[Violation]) -> bool:
+    """Whether these violations are an efficiency finding: some, and every one of an efficiency check."""
+    checks = {v.check for v in violations}
+    return bool(checks) and checks <= EFFICIENCY_CHECKS
+
+
+def level_of(failures: Iterable[Iterable[Violation]]) -> str:
+    """The level of a verdict whose failures (each its minimal case's violations) are these:
+    "fail" if one breaks correctness, "efficiency" if all are efficiency findings, else "pass"."""
+    kinds = ["efficiency" if efficiency_only(f) else "fail" for f in failures]
+    return max(kinds, key=LEVELS.index, default="pass")
+
+
 def subject_name(entry: dict[str, Any]) -> str:
     """ "X on MODEL" from an entry's subject (its kind's key, else its first value)."""
     subject = entry["subject"]
@@ -106,19 +127,48 @@ def subject_name(entry: dict[str, Any]) -> str:
     return f"{name} on {subject['model']}" if "model" in subject else str(name)
 
 
-STATUS_RANK = {"n/a": 0, "pass": 1, "xfail": 2, "fail": 3}
-"""Aggregation over runs: the highest rank seen wins (one failing run fails the check)."""
+STATUS_RANK = {"n/a": 0, "pass": 1, "xfail": 2, "efficiency": 3, "fail": 4}
+"""Aggregation over runs: the highest rank seen wins (one failing run fails the check). An
+efficiency check's failure reads "efficiency" (`EFFICIENCY_CHECKS`)."""
 
 
-def run_statuses(evaluation: Evaluation, known: Callable[[Violation], bool]) -> dict[str, str]:
-    """One run's check statuses in the table's words: "pass", "fail", "n/a", and "xfail" for a
-    failed check whose violations are all known failures."""
+def run_statuses(
+    evaluation: Evaluation, known: Callable[[Violation], bool], target_calls: int | None = None
+) -> dict[str, str]:
+    """One run's check statuses in the table's words: "pass", "fail", "n/a", "xfail" for a
+    failed check whose violations are all known failures, "efficiency" for a failed efficiency check.
+    A check judged on every target call reads "n/a", not "pass", on a run whose `target_calls` is 0:
+    it saw nothing to judge."""
     out = {}
     for outcome in evaluation.outcomes:
         status = "n/a" if outcome.status == NOT_APPLICABLE else outcome.status
+        if target_calls == 0 and status == "pass" and check_named(outcome.check).per_call:
+            status = "n/a"
         if outcome.status == FAIL and all(known(v) for v in outcome.violations):
             status = "xfail"
+        elif outcome.status == FAIL and outcome.check in EFFICIENCY_CHECKS:
+            status = "efficiency"
         out[outcome.check] = status
+    return out
+
+
+def minimal_case_statuses(
+    checks: Iterable[tuple[str, str]], violations: Iterable[Violation], known: Callable[[Violation], bool]
+) -> dict[str, str]:
+    """A minimal case's check statuses (`Diagnosis.checks`, `.violations`) in `run_statuses`' words:
+    merged into the verdict's, so that its checks table and the minimal case under it say the same
+    (the minimal case is re-run to be diagnosed, and the table must count that run too)."""
+    violations = list(violations)
+    out = {}
+    for check, status in checks:
+        mine = [v for v in violations if v.check == check]
+        if status == NOT_APPLICABLE:
+            status = "n/a"
+        elif status == FAIL and mine and all(known(v) for v in mine):
+            status = "xfail"
+        elif status == FAIL and check in EFFICIENCY_CHECKS:
+            status = "efficiency"
+        out[check] = status
     return out
 
 

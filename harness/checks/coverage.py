@@ -65,6 +65,7 @@ accepted (None: every matching entry is taken for one)."""
 
 NO_RAGGED_ROUND = "no ragged round"
 NO_ROUND = "no round after the prefill"
+NO_CALL = "no target call observed"
 NOTHING_IN_FLIGHT = "no two requests in flight together"
 NOT_MEASURED = "coverage not measured"
 
@@ -122,6 +123,8 @@ class Coverage:
             return []
         if self.level == OUTPUTS:
             return [NOTHING_IN_FLIGHT] if self.in_flight < 2 else []
+        if not self.target_calls:  # every forward unseen: the per-call checks judged nothing
+            return [NO_CALL]
         if self.drafts_none:  # nothing drafted, nothing to accept unevenly: rows in flight together are its ragged case
             return ([] if self.rounds else [NO_ROUND]) + ([NOTHING_IN_FLIGHT] if self.in_flight < 2 else [])
         if not self.rounds:
@@ -152,14 +155,17 @@ class Coverage:
         if not self.runs:
             return "-"
         parts = []
-        if self.level == CALLS:
+        if self.level == CALLS and not self.target_calls:
+            parts.append(NO_CALL)  # not "B<=0, pos<=-1": nothing was seen to bound
+        elif self.level == CALLS:
             rounds = (
                 f"{self.rounds} rounds, in flight<={self.in_flight}"
                 if self.drafts_none
                 else (f"ragged {self.ragged_rounds}/{self.rounds} rounds")
             )
-            parts += [rounds, f"B<={max(self.batch_sizes, default=0)}"]
-            parts += [f"K {span(self.k_values)}", f"pos<={self.highest_position}"]
+            parts += [rounds] + ([f"B<={max(self.batch_sizes)}"] if self.batch_sizes else [])
+            parts.append(f"K {span(self.k_values)}")
+            parts += [f"pos<={self.highest_position}"] if self.highest_position >= 0 else []
             if self.finished_early:
                 parts.append(f"early {self.finished_early}")
             if self.pad_prompts:

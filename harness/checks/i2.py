@@ -15,6 +15,8 @@ expected entry, the bound, and the nearest alternative entry (which, and how far
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from specaudit.checks.cache import cached
 from specaudit.checks.contract import check_contract
 from specaudit.checks.rows import Fault, RowView, follow_rows
@@ -24,8 +26,20 @@ from specaudit.running.runner import Run
 EVIDENCE = ("found_token", "found_position", "expected_token", "expected_position")
 
 
-def describe(fault: Fault, pad: int) -> tuple[str, str]:
-    """(found, expected) in words, from the fault's fields."""
+def pad_note(fault: Fault, pad: int, prompt: Sequence[int] = ()) -> str:
+    """What the found token is when it equals the pad id: a pad; where the request's own prompt holds
+    the pad id at that position (a prompt may hold it as a real token), the slot may be either, and
+    the message says so rather than send the user after padding."""
+    if fault.found_token != pad:
+        return ""
+    position = fault.found_position
+    if position is not None and 0 <= position < len(prompt) and prompt[position] == pad:
+        return " (the pad id, which the request's prompt also holds at that position)"
+    return " (the pad id)"
+
+
+def describe(fault: Fault, pad: int, prompt: Sequence[int] = ()) -> tuple[str, str]:
+    """(found, expected) in words, from the fault's fields; `prompt`: the request's own, where known."""
     if fault.expected_token is None:
         expected = "nothing attended"
     else:
@@ -37,13 +51,13 @@ def describe(fault: Fault, pad: int) -> tuple[str, str]:
         found = f"{entry} at position {fault.found_position}"
         return found, f"position {fault.expected_position}"
     if fault.rule in ENGINE_ROW_RULES or (fault.rule == "row-identity" and fault.request is None):
-        return engine_row(fault, pad)
+        return engine_row(fault, pad_note(fault, pad, prompt))
     if fault.found_token is None:
         if fault.expected_token is None:
             return f"an extra attended slot {fault.slot}", expected
         found = f"slot {fault.slot} whose K/V differ from the batch-size-1 run by up to {fault.kv_difference:.3g}"
         return found + kv_margin(fault), f"the K/V of {expected}"
-    note = " (the pad id)" if fault.found_token == pad else ""
+    note = pad_note(fault, pad, prompt)
     found = f"slot {fault.slot} holding token {fault.found_token}{note} at position {fault.found_position}"
     if fault.rule == "row-identity":
         found += f", the history of request {fault.other}"
@@ -65,12 +79,11 @@ def describe(fault: Fault, pad: int) -> tuple[str, str]:
 ENGINE_ROW_RULES = frozenset({"retired-row", "duplicate-row"})
 
 
-def engine_row(fault: Fault, pad: int) -> tuple[str, str]:
+def engine_row(fault: Fault, note: str) -> tuple[str, str]:
     """An engine's row that is no live request's own: a retired request's, a second row of one
     request, or no request's history at all (`checks.rows.RowFollower.unbound`); each
     judged at the row's first entry."""
     if fault.found_token is not None:
-        note = " (the pad id)" if fault.found_token == pad else ""
         found = f"slot {fault.slot} holding token {fault.found_token}{note} at position {fault.found_position}"
     elif fault.request is None:
         found = f"slot {fault.slot} whose K/V are no tracked request's history"
@@ -116,8 +129,11 @@ def kv_evidence(fault: Fault) -> dict[str, object]:
     }
 
 
-def violation(fault: Fault, pad: int) -> Violation:
-    found, expected = describe(fault, pad)
+def violation(fault: Fault, pad: int, prompts: Sequence[Sequence[int]] = ()) -> Violation:
+    """`prompts`: each request's prompt (a decoder's case), so a prompt's own token equal to the pad id
+    is not called a pad."""
+    prompt = prompts[fault.request] if fault.request is not None and fault.request < len(prompts) else ()
+    found, expected = describe(fault, pad, prompt)
     evidence = {key: getattr(fault, key) for key in EVIDENCE}
     evidence["other_request"] = fault.other
     if fault.kv_difference is not None:
@@ -130,7 +146,7 @@ def row_views(run: Run) -> tuple[list[RowView], list[Violation]]:
 
     def views() -> tuple[list[RowView], list[Violation]]:
         trace = follow_rows(run)
-        return list(trace.views), [violation(f, run.case.pad_token_id) for f in trace.faults]
+        return list(trace.views), [violation(f, run.case.pad_token_id, run.case.prompts) for f in trace.faults]
 
     return cached(run, "I2", "views", views)
 

@@ -19,7 +19,9 @@ the rules are:
   slot-mapping     token at position p is written at block_table[p // B] * B + p % B of its request;
   block-shared     no block is written by two live requests;
   kv-provenance    every past slot a request attends was last written by that request, at that
-                   position, with its committed token (not a rejected draft, not another's);
+                   position, with its committed token (not a rejected draft, not another's,
+                   unless a shared prefix block: the same tokens, written by an earlier forward
+                   or earlier in the layers of this one);
   kv-overwritten   the K/V read from such a slot are the ones written there (nothing wrote
                    behind the slot mapping's back);
   greedy-commit    what the step commits is greedy acceptance of the target's own argmax: the
@@ -70,12 +72,19 @@ class WriteLedger:
     fed: dict[str, dict[int, int]] = field(default_factory=dict)
     cached_prefix: dict[str, int] = field(default_factory=dict)  # a prefix-cache hit at the first forward
     tables: dict[str, set[int]] = field(default_factory=dict)  # each request's blocks at its latest forward
+    forward: dict[int, Write] = field(default_factory=dict)  # the forward being judged: what it writes, per slot
+    forward_fed: dict[str, dict[int, int]] = field(default_factory=dict)  # and what it feeds, per request
 
     def same_prefix(self, writer: str, before: tuple[int, ...], end: int) -> bool:
         """Whether `writer` fed `before`'s tokens wherever it fed positions 0..end-1: a block it
         wrote then holds what the reader's own would (a block shared by content, e.g. transformers
         de-duplicating a completed block into an identical one)."""
         fed = self.fed.get(writer, {})
+        return all(fed.get(i, before[i]) == before[i] for i in range(min(end, len(before))))
+
+    def same_prefix_now(self, writer: str, before: tuple[int, ...], end: int) -> bool:
+        """`same_prefix`, counting what `writer` feeds in the forward being judged too."""
+        fed = {**self.fed.get(writer, {}), **self.forward_fed.get(writer, {})}
         return all(fed.get(i, before[i]) == before[i] for i in range(min(end, len(before))))
 
     def valid(self, request: str, before: tuple[int, ...]) -> int:
@@ -126,6 +135,7 @@ def check_paged(
             continue
         here = list(spans)
         rows = [bind(call, b, rid, order, trace, ledger) for b, rid in enumerate(call.request_ids)]
+        ledger.forward, ledger.forward_fed = forward_writes(call, rows)
         for row in rows:
             here += list(row_violations(row, trace, ledger))
             if last_call[(row.request, call.step)] == call.index:
@@ -253,13 +263,20 @@ def slot_violations(row: PagedRow, slots: list[int], tokens: list[int]) -> Itera
 
 
 def past_violations(row: PagedRow, past: int, ledger: WriteLedger) -> Iterator[Violation]:
-    """Every past slot the request attends holds its own committed entry, as written."""
+    """Every past slot the request attends holds its own committed entry, as written: by an
+    earlier forward, or by another request sharing the block in this very forward (a prefix hit
+    on a block registered in the step that allocates it), whose write precedes the read in every
+    layer (a paged engine writes each layer's K/V for all packed tokens before that layer's
+    attention reads the cache)."""
     for p in range(max(past, 0)):
         slot = expected_slot(row.call, row.row, p)
         write = ledger.slots.get(slot) if slot is not None else None
+        now = ledger.forward.get(slot) if slot is not None else None
         want = row.before[p] if p < len(row.before) else None
         shared = p < ledger.cached_prefix.get(row.request, 0)  # a cached prefix block: anyone's, same token
         block_end = (p // row.call.block_size + 1) * row.call.block_size
+        if now is not None and now.request != row.request:  # the latest write when this forward's layers read
+            write, shared = now, shared or ledger.same_prefix_now(now.request, row.before, block_end)
         shared = shared or (write is not None and ledger.same_prefix(write.request, row.before, block_end))
         if write is None or write.position != p or write.token != want or (write.request != row.request and not shared):
             yield provenance(row, p, slot, write, want)
@@ -429,6 +446,22 @@ def holds(call: PagedCall, rows: list[PagedRow], ledger: WriteLedger, request: s
     mine = [set(call.block_table[r.row].tolist()) for r in rows if r.request == request]
     table = mine[0] if mine else ledger.tables.get(request)
     return table is None or block in table
+
+
+def forward_writes(call: PagedCall, rows: list[PagedRow]) -> tuple[dict[int, Write], dict[str, dict[int, int]]]:
+    """What a forward writes (per slot, the last write in packed order) and feeds (per request,
+    token by position), before its attention reads: what `record` then keeps."""
+    writes: dict[int, Write] = {}
+    fed: dict[str, dict[int, int]] = {}
+    for row in rows:
+        positions = call.positions[row.start : row.end].tolist()
+        tokens = call.input_ids[row.start : row.end].tolist()
+        mine = fed.setdefault(row.request, {})
+        for position, token, slot in zip(positions, tokens, call.slot_mapping[row.start : row.end].tolist()):
+            mine[position] = token
+            if slot >= 0:
+                writes[slot] = Write(row.request, position, token, call.index)
+    return writes, fed
 
 
 def record(call: PagedCall, rows: list[PagedRow], ledger: WriteLedger) -> None:

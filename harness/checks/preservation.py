@@ -205,15 +205,25 @@ def judge_round(
     if not (start.consistent and last.consistent):
         return replace(copy, judged=False)  # I2 reports the corrupted cache
     held = kept(start, c, prompt)
-    if held is not None and held < c - 1:
+    # a cached call short of the pending token prefills (a prompt's rest after a crop to a shared prefix)
+    prefilling = start.cached and len(start.stream) < c
+    if held is not None and held < c - 1 and not prefilling:
         holding = "a cache holding" if start.cached else "a call without a cache re-feeding"
         violations.append(
             Violation(
                 "token-preservation",
                 "verified-kept",
-                f"{holding} {held - prompt} generated tokens",
-                f"at least {c - 1 - prompt}: tokens verified by an earlier round were thrown away",
-                evidence={"accepted": held - prompt, "scheduled": c - 1 - prompt, "drafts": None, "index": None},
+                f"{holding} {held_entries(held, prompt)}",
+                f"{needed(c - 1, prompt)}: tokens committed before this round were thrown away"
+                " (recomputed or re-drafted: a cost, not a wrong output)",
+                evidence={
+                    "accepted": max(held - prompt, 0),
+                    "scheduled": c - 1 - prompt,
+                    "drafts": None,
+                    "index": None,
+                    "held": held,
+                    "prompt": prompt,
+                },
                 **where,
             )
         )
@@ -229,7 +239,10 @@ def judge_round(
         return replace(copy, judged=False)  # committed tokens left the oracle: equivalence reports it
     drafts, v = len(stream) - c, accepted_drafts(proposals, request, stream, c, right - b)
     left = len(run.oracle[request].tokens) - b  # tokens the request still needs: past its end nothing counts
-    v, want = min(v, left), min(schedule.accepted(request, c, drafts), left)
+    want = schedule.accepted(request, c, drafts)
+    if not_asked(proposals, request, stream, c, v, right - b):
+        want = min(want, v)  # the entry after the drafts is the target's own token: the draft was never asked there
+    v, want = min(v, left), min(want, left)
     if v != want:
         violations.append(
             Violation(
@@ -244,6 +257,20 @@ def judge_round(
             )
         )
     return replace(copy, committed=c + v + 1)
+
+
+def held_entries(held: int, prompt: int) -> str:
+    """Entries of a request in words: generated tokens, or, short of the whole prompt (a crop
+    into the prompt: a cache cropped to a prefix shared with another request, a verified token
+    recomputed), the prompt tokens; never a negative count."""
+    if held >= prompt:
+        return f"{held - prompt} generated tokens"
+    return f"no generated token and {held} of the prompt's {prompt} tokens"
+
+
+def needed(entries: int, prompt: int) -> str:
+    """What a round's start should hold, in the words of `held_entries`."""
+    return f"at least {entries - prompt}" if entries >= prompt else f"{entries} of the prompt's {prompt} tokens"
 
 
 def kept(start: RowView, c: int, prompt: int) -> int | None:
@@ -264,6 +291,14 @@ def accepted_drafts(proposals: Proposals, request: int, stream: tuple[int, ...],
     while n < matching and proposals.proposed(request, c + n, stream[c + n]):
         n += 1
     return n
+
+
+def not_asked(proposals: Proposals, request: int, stream: tuple[int, ...], c: int, v: int, matching: int) -> bool:
+    """Whether the round's entry after its v accepted drafts is the target's own token, not a draft:
+    it leads the oracle, and no observed draft call was ever asked after exactly the entries before
+    it (split verification forwards the bonus in the next call, which continues the round's cache).
+    The schedule cannot hold a round to drafts the draft was never asked for."""
+    return proposals.observed and v < matching and (c + v) not in proposals.after[request]
 
 
 def direction(found: int, want: int) -> str:

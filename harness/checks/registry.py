@@ -251,7 +251,7 @@ def decided(signature: Signature, run: Run | None) -> Signature:
     if not run.recording.target_calls:
         return "contract", f"the target was never called, so nothing was verified ({why})"
     if name == "kv-drift" and run.case.batch_size == 1:
-        return "bonus", f"wrong even at batch size 1, so not drift across a batch: {why}"
+        return "bonus", "wrong even at batch size 1 (one row: no batch to drift across); it attends slots not its own"
     return signature
 
 
@@ -295,6 +295,7 @@ class Check:
     per_call: bool = False  # judged on every target call (an invariant), not on the run's output
     caches: tuple[str, ...] = ()  # its slots in `run.derived.cached[name]`
     rules: frozenset[str] = frozenset()  # the rule names its violations carry
+    cost: bool = False  # judges a design's cost, not its correctness: its failure alone is an efficiency finding
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.implementations) - set(SUBJECTS))
@@ -497,7 +498,7 @@ CHECKS: tuple[Check, ...] = (
         equivalence_signature,
         needs=(REQUESTS_RECORDED,),
         caches=("equivalence",),
-        rules=frozenset({"first-divergence"}),
+        rules=frozenset({"first-divergence", "beyond-precision-noise"}),
     ),
     Check(
         "token-preservation",
@@ -508,6 +509,7 @@ CHECKS: tuple[Check, ...] = (
         lambda first, run: ("output-equivalent", "the output is right but drafts were lost or kept wrongly"),
         needs=(SCRIPTED_DRAFT,),
         rules=frozenset({"verified-kept", "accepted-as-scheduled"}),
+        cost=True,
     ),
     Check(
         "liveness",

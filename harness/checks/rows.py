@@ -57,6 +57,7 @@ from specaudit.checks.cache import cached
 from specaudit.checks.kv import Alternative, KVReader
 from specaudit.checks.observe import NO_TOKEN, UNKNOWN, Observation, common_prefixes, draft_between, observe
 from specaudit.fixtures.pairs import is_exact
+from specaudit.fixtures.transparent import fit_mask
 from specaudit.running.instrument import CallRecord
 from specaudit.running.runner import Run
 
@@ -698,9 +699,76 @@ def follow_rows(run: Run) -> RowTrace:
         held = held_histories(committed, oracles, trace)
         if held != committed:
             trace = RowFollower.of_run(run, held, oracles).follow()
-        return trace
+        return without_wasted(trace, run.recording.target_calls, committed)
 
     return cached(run, "I2", "rows", follow)
+
+
+# ---------------------------------------------------------------------------------------
+# Which forwards chose the committed tokens
+
+WASTE_RULES = frozenset({"input-token", "history-token"})  # a draft fed where the target's token is known
+
+
+def without_wasted(trace: RowTrace, calls: Sequence[CallRecord], committed: Sequence[tuple[int, ...]]) -> RowTrace:
+    """The trace without the faults of forwards whose logits chose no committed token.
+
+    A decoder may verify over several forwards and waste some: split verification forwards the
+    pending token alone, then drafts alone, even after the first call's logits already rejected the
+    first draft (an input at a position not yet committed is a draft, whatever the target predicted
+    there). Such a forward's logits are thrown away, so its inputs cannot change the output. A row's
+    'input-token' or 'history-token' fault is dropped when every committed token of its request from
+    the fault on was chosen elsewhere: by a faultless row whose attended stream up to that input is
+    the request's history at positions 0, 1, 2, ... and whose top-1 there is the committed token
+    (`CallRecord.choices`). A fault whose forward could have chosen any of them stays; so does a
+    row mix-up (another request's token) and every fault of a run whose target returned no logits."""
+    faulty = {(f.call, f.row) for f in trace.faults}
+    chosen = chosen_tokens(trace.views, calls, committed, faulty)
+
+    def wasted(fault: Fault) -> bool:
+        if fault.rule not in WASTE_RULES or fault.other is not None or fault.request is None:
+            return False
+        start = fault.expected_position
+        sequence = committed[fault.request]
+        return start is not None and all((fault.request, j) in chosen for j in range(start, len(sequence)))
+
+    dropped = {(f.call, f.row) for f in trace.faults if wasted(f)}
+    if not dropped:
+        return trace
+    views = tuple(replace(v, consistent=True) if (v.call, v.row) in dropped else v for v in trace.views)
+    return RowTrace(views, tuple(f for f in trace.faults if (f.call, f.row) not in dropped))
+
+
+def chosen_tokens(
+    views: Sequence[RowView],
+    calls: Sequence[CallRecord],
+    committed: Sequence[tuple[int, ...]],
+    faulty: set[tuple[int | None, int | None]],
+) -> set[tuple[int, int]]:
+    """(request, index) of every committed token some faultless row's logits chose: its input at
+    stream index i - 1 attends the request's history through i - 1 and its top-1 is token i."""
+    chosen: set[tuple[int, int]] = set()
+    for view in views:
+        call = calls[view.call]
+        if (view.call, view.row) in faulty or call.choices is None or call.input_ids is None:
+            continue
+        sequence = committed[view.request]
+        clean = common_prefix(view.stream, sequence)
+        columns = attended_inputs(call, view.row)
+        skipped = call.input_ids.shape[1] - call.choices.shape[1]  # logits kept for the last columns only
+        for i in range(view.past, min(clean, len(sequence) - 1, view.past + len(columns))):
+            column = columns[i - view.past] - skipped
+            if column >= 0 and int(call.choices[view.row, column]) == sequence[i + 1]:
+                chosen.add((view.request, i + 1))
+    return chosen
+
+
+def attended_inputs(call: CallRecord, row: int) -> list[int]:
+    """The input columns row `row` attends, in order (its current entries of the stream)."""
+    assert call.input_ids is not None
+    batch, width = call.input_ids.shape
+    mask = fit_mask(call.attention_mask, batch, call.past_length + width)[row, call.past_length :]
+    return mask.bool().nonzero()[:, 0].tolist()
 
 
 def held_histories(

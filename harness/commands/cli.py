@@ -37,6 +37,7 @@ from specaudit.config.settings import (
     RealAuditSettings,
     VllmAuditSettings,
 )
+from specaudit.config.shards import parse_shard
 from specaudit.config.xfails import KnownFailures, load_xfails
 from specaudit.contracts.builtins import DEFAULT_DECODERS, MODELS, parse_models
 from specaudit.contracts.errors import UsageError
@@ -54,7 +55,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.target is not None:
         if args.engine:
             raise UsageError("--engine has no real-model mode (engines run on the built-in models of --models)")
-        built_in = [flag for flag, value in (("--xfails", args.xfails), ("--jobs", args.jobs)) if value is not None]
+        fleet = (("--xfails", args.xfails), ("--jobs", args.jobs), ("--shard", args.shard), ("--ray", args.ray or None))
+        built_in = [flag for flag, value in fleet if value is not None]
         if built_in:
             raise UsageError(f"{', '.join(built_in)}: built-in models only, not with --target (real-model mode)")
         real = real_audit_settings(args)
@@ -74,6 +76,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         engines=tuple(args.engine),
         xfails=load_xfails(args.xfails) if args.xfails is not None else KnownFailures(),
         jobs=args.jobs,
+        shard=parse_shard(args.shard) if args.shard is not None else None,
+        ray=args.ray,
+        strict_efficiency=args.strict_efficiency,
     )
     from specaudit.audits.audit import run_audit
 
@@ -148,7 +153,9 @@ def cmd_minimize(args: argparse.Namespace) -> int:
 
         engine_settings = EngineMinimizeSettings(case=args.case, engine=args.engine, out=args.out, budget=args.budget)
         return minimize_engine(engine_settings)
-    settings = MinimizeSettings(case=args.case, decoder=args.decoder, out=args.out, budget=args.budget)
+    settings = MinimizeSettings(
+        case=args.case, decoder=args.decoder, out=args.out, budget=args.budget, keep_divergence=args.keep_divergence
+    )
     from specaudit.commands.minimize import run_minimize
 
     return run_minimize(settings)
@@ -167,10 +174,20 @@ def cmd_gate(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         engines=tuple(args.engine),
         jobs=args.jobs,
+        shard=parse_shard(args.shard) if args.shard is not None else None,
+        ray=args.ray,
+        strict_efficiency=args.strict_efficiency,
     )
     from specaudit.audits.gate import run_gate
 
     return run_gate(settings)
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    """The shards of one plan joined (`specaudit.fleet.merge`); a missing or foreign shard is exit 2."""
+    from specaudit.fleet.merge import run_merge
+
+    return run_merge(list(args.shards), args.out, args.junit)
 
 
 def cmd_blackbox(args: argparse.Namespace) -> int:
@@ -228,6 +245,52 @@ def add_search_options(parser: argparse.ArgumentParser, decoder_default: str) ->
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
+def add_strict_efficiency_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--strict-efficiency",
+        action="store_true",
+        help="fail a decoder on an efficiency finding (token preservation alone: output and invariants right, "
+        "verified drafts thrown away); by default such a finding is reported at its own level, EFFICIENCY",
+    )
+
+
+def add_fleet_options(parser: argparse.ArgumentParser) -> None:
+    """Options the audit and the gate share for running a plan over several machines."""
+    parser.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run shard I of N (1-based) of the plan: its cells chosen by a stable hash of each cell's name; "
+        "join the shards' --out directories with specaudit merge",
+    )
+    parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the plan's cells as Ray tasks (one GPU each where the cluster has GPUs, else one CPU; "
+        "$RAY_ADDRESS, else a local Ray); needs pip install 'specaudit[ray]'",
+    )
+
+
+def add_merge(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "merge",
+        help="join the shards' report.json, JUnit and reproducers into one report; exit 0 pass / 1 fail / "
+        "2 a shard missing",
+        description="Join the --out directories of `specaudit audit|gate --shard I/N` into one report.json (the "
+        "plan's order), one JUnit XML (the gate's) and the reproducers. A missing, unfinished or foreign shard "
+        "is an error (exit 2), a failed shard fails the merge (exit 1).",
+    )
+    parser.add_argument("shards", type=Path, nargs="+", metavar="DIR", help="one shard's --out directory each")
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="the merged report and reproducers")
+    parser.add_argument(
+        "--junit",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="merged JUnit XML of gate shards (default: OUT/junit.xml)",
+    )
+    parser.set_defaults(func=cmd_merge)
+
+
 def add_xfails_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--xfails",
@@ -248,6 +311,7 @@ def add_audit(sub: argparse._SubParsersAction) -> None:
     add_search_options(audit, "default: the reference decoders and the planted bugs")
     audit.add_argument("--out", type=Path, default=None, metavar="DIR", help="write DIR/report.json and DIR/repro/")
     add_xfails_option(audit)
+    add_strict_efficiency_option(audit)
     audit.add_argument(
         "--jobs",
         type=int,
@@ -284,6 +348,7 @@ def add_audit(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="seconds a decoder call may go without a forward of the models (default 600)",
     )
+    add_fleet_options(audit)
     audit.set_defaults(func=cmd_audit)
 
 
@@ -338,6 +403,13 @@ def add_minimize(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help=f"at most N decoder runs (default: {DEFAULT_MINIMIZE_BUDGET}); then the smallest failing case is kept",
     )
+    parser.add_argument(
+        "--allow-exact-output",
+        dest="keep_divergence",
+        action="store_false",
+        help="let a case whose output diverges shrink to one whose output is exact but fails the same check "
+        "(default: a diverging case stays diverging)",
+    )
     parser.set_defaults(func=cmd_minimize)
 
 
@@ -360,6 +432,7 @@ def add_gate(sub: argparse._SubParsersAction) -> None:
         help=f"reproducers of failures (default: {DEFAULT_GATE_OUT})",
     )
     add_xfails_option(parser)
+    add_strict_efficiency_option(parser)
     parser.add_argument(
         "--min-exact-match",
         type=float,
@@ -375,6 +448,7 @@ def add_gate(sub: argparse._SubParsersAction) -> None:
         help="worker processes for the decoder x model and engine searches (default: $SPECAUDIT_JOBS, else one per "
         "core); the verdicts, the testcases and their order do not depend on N",
     )
+    add_fleet_options(parser)
     parser.set_defaults(func=cmd_gate)
 
 
@@ -595,6 +669,33 @@ def add_whitebox_vllm(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=cmd_whitebox_vllm)
 
 
+def cmd_audit_openvino(args: argparse.Namespace) -> int:
+    """OpenVINO GenAI's continuous batching per configuration under drawn workloads (its own venv)."""
+    from specaudit.adapters.openvino.audit import run_openvino
+
+    names = [n for n in args.configurations.split(",") if n]
+    return run_openvino(names, args.examples, args.minutes, args.seed, args.out)
+
+
+def add_openvino(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "audit-openvino",
+        help="OpenVINO GenAI's ContinuousBatchingPipeline per configuration under drawn workloads (run from the "
+        "OpenVINO venv: make audit-openvino)",
+        description="For each configuration (control: no speculation; draft: a draft model; draft-whole: the same "
+        "with a whole-prompt token budget; lookup: prompt lookup), draw workloads (arrivals, cancels, limits, EOS, "
+        "K per request, prompts sharing prefixes or repeating motifs), run each on a fresh pipeline with f32 hints "
+        "on the built-in tiny Llama exported to IR, judge the outputs against the batch-size-1 greedy oracle, and "
+        "shrink a failure. Exit 0 when every configuration passes (known OpenVINO defects counted and named).",
+    )
+    parser.add_argument("--configurations", default="control,draft,draft-whole,lookup", help="comma-separated")
+    parser.add_argument("--examples", type=int, default=20, metavar="N", help="workloads drawn per configuration")
+    parser.add_argument("--minutes", type=float, default=3.0, metavar="M", help="time budget per configuration")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the drawn workloads")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="writes DIR/openvino.json")
+    parser.set_defaults(func=cmd_audit_openvino)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specaudit", description="Correctness audit for batch speculative decoders.")
     sub = parser.add_subparsers(dest="command")
@@ -608,8 +709,10 @@ def build_parser() -> argparse.ArgumentParser:
         add_replay,
         add_minimize,
         add_gate,
+        add_merge,
         add_blackbox,
         add_vllm,
+        add_openvino,
         add_observe_vllm,
         add_whitebox_vllm,
     )

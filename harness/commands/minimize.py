@@ -12,6 +12,10 @@ the output directory:
                                `pytest test_regression_<name>.py --specaudit-decoder MODULE:ATTR`
                                (without it: the reference decoders).
 
+A case whose output diverges from the oracle shrinks only to cases whose output diverges too (the
+symptom a user reported, not only its class: an over-long mask can break I1 on one row with exact
+output, when the two-row case's output was wrong); `--allow-exact-output` lifts that.
+
 Exit status: 1 when the decoder fails the case (files written), 0 when it passes; bad input
 (unreadable case, bad decoder, unknown model, unwritable output) is a `UsageError`.
 """
@@ -23,11 +27,13 @@ from pathlib import Path
 
 from specaudit.artifacts.reproducer import identifier, load_case, load_engine_reproducer
 from specaudit.audits.regression import write_engine_failure, write_failure
+from specaudit.checks.diagnosis import Diagnosis, diagnose
 from specaudit.commands.replay import replay_engine_rules
 from specaudit.config.settings import EngineMinimizeSettings, MinimizeSettings
 from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.errors import UsageError
-from specaudit.contracts.violation import render
+from specaudit.contracts.violation import Violation, render
+from specaudit.running.runner import run_case
 from specaudit.search.ddmin import CasePasses, MinimizeResult, minimize_case
 
 
@@ -50,13 +56,26 @@ def run_minimize(settings: MinimizeSettings) -> int:
     if settings.out.exists() and not settings.out.is_dir():
         raise UsageError(f"--out {settings.out} exists and is not a directory")
     print(f"specaudit minimize: {settings.case} ({case.batch_size} rows) against {settings.decoder}")
+    counts = None
+    if settings.keep_divergence and diverges(diagnose(run_case(settings.decoder, case, factory=factory))):
+        print("its output diverges from the oracle: every smaller case kept must diverge too")
+        counts = is_divergence
     try:
-        result = minimize_case(settings.decoder, case, factory=factory, budget=settings.budget)
+        result = minimize_case(settings.decoder, case, factory=factory, budget=settings.budget, counts=counts)
     except CasePasses:
         print(f"{settings.decoder} passes every check on {settings.case}: nothing to minimize")
         return 0
     report(settings, result)
     return 1
+
+
+def is_divergence(v: Violation) -> bool:
+    """A violation of output equivalence: the output differs from the batch-size-1 oracle's."""
+    return v.check == "equivalence"
+
+
+def diverges(d: Diagnosis) -> bool:
+    return any(map(is_divergence, d.violations))
 
 
 def report(settings: MinimizeSettings, result: MinimizeResult) -> None:

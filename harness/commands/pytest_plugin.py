@@ -46,6 +46,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(default: specaudit-failures)",
     )
     group.addoption(
+        "--specaudit-strict-efficiency",
+        "--strict-efficiency",
+        dest="specaudit_strict_efficiency",
+        action="store_true",
+        help="fail a property on an efficiency finding (token preservation alone: output and invariants right, "
+        "verified drafts thrown away); by default it is reported as xfail, a cost and not a bug",
+    )
+    group.addoption(
         "--specaudit-xfails",
         dest="specaudit_xfails",
         default=None,
@@ -135,6 +143,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
     if known is not None:  # every violation is listed: reported as xfail, like pytest's own xfail
         report.outcome = "skipped"
         report.wasxfail = f"known failure ({known}); reproducer {path}"
+    elif efficiency_finding(failure) and not item.config.getoption("specaudit_strict_efficiency"):
+        report.outcome = "skipped"
+        report.wasxfail = (
+            f"efficiency finding, not a correctness failure (--strict-efficiency fails it); reproducer {path}"
+        )
+
+
+def efficiency_finding(failure: dict) -> bool:
+    """Every violation of the failure is of a check of a design's cost (`audits.verdict.EFFICIENCY_CHECKS`)."""
+    from specaudit.audits.verdict import EFFICIENCY_CHECKS
+
+    checks = {v["check"] for v in failure.get("evidence") or []}
+    return bool(checks) and checks <= EFFICIENCY_CHECKS
 
 
 def is_engine(failure: dict) -> bool:

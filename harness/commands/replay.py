@@ -64,6 +64,7 @@ APPLIES = {
     "vllm-paged": ("target", "draft"),
     "transformers-cb": (),
     "sampling-case": ("decoder",),
+    "openvino": (),
 }
 """The options of `ReplayOptions` each kind takes."""
 
@@ -266,6 +267,13 @@ def replay_sampling_case(reproducer: Reproducer, options: ReplayOptions) -> Samp
     )
 
 
+def replay_openvino(reproducer: Reproducer, options: ReplayOptions) -> Any:
+    """The workload through a fresh OpenVINO GenAI pipeline, judged at the output level (needs the OpenVINO venv)."""
+    from specaudit.adapters.openvino.audit import replay_reproducer
+
+    return replay_reproducer(reproducer)
+
+
 REPLAYERS = {
     "decoder-case": replay_decoder_case,
     "real-model": replay_real_model,
@@ -274,4 +282,5 @@ REPLAYERS = {
     "vllm-paged": replay_vllm_paged,
     "transformers-cb": replay_transformers_cb,
     "sampling-case": replay_sampling_case,
+    "openvino": replay_openvino,
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specaudit.config.shards import Shard
 from specaudit.config.xfails import KnownFailures
 from specaudit.contracts.builtins import DEFAULT_DECODERS, DTYPE_NAMES, MODELS
 from specaudit.contracts.errors import UsageError
@@ -52,11 +53,16 @@ class AuditSettings:
     engines: tuple[str, ...] = ()  # engines named with --engine (the engine state machine)
     xfails: KnownFailures = field(default_factory=KnownFailures)
     jobs: int | None = None  # worker processes; None: one per available core
+    strict_efficiency: bool = False  # an efficiency finding (token preservation alone) fails the decoder
+    shard: Shard | None = None  # --shard i/n: the plan's cells of this shard only (needs --out)
+    ray: bool = False  # --ray: the cells as Ray tasks (`specaudit.fleet.ray_sweep`), not worker processes
 
     def __post_init__(self) -> None:
         at_least("--examples", self.examples, 1)
         if self.jobs is not None:
             at_least("--jobs", self.jobs, 1)
+        if self.shard is not None and self.out is None:
+            raise UsageError(f"--shard {self.shard} needs --out DIR (the shard's report.json, for specaudit merge)")
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,9 @@ class GateSettings:
     quiet: bool = False
     engines: tuple[str, ...] = ()  # engines named with --engine, each through the engine state machine
     jobs: int | None = None  # worker processes; None: one per available core (as the audit's)
+    strict_efficiency: bool = False  # an efficiency finding (token preservation alone) fails the gate
+    shard: Shard | None = None  # --shard i/n: the plan's cells of this shard only
+    ray: bool = False  # --ray: the cells as Ray tasks (`specaudit.fleet.ray_sweep`), not worker processes
 
     def __post_init__(self) -> None:
         at_least("--examples", self.examples, 1)
@@ -126,6 +135,7 @@ class MinimizeSettings:
     decoder: str
     out: Path = DEFAULT_MINIMIZE_OUT
     budget: int = DEFAULT_MINIMIZE_BUDGET
+    keep_divergence: bool = True  # a diverging case shrinks only to diverging cases (--allow-exact-output: off)
 
     def __post_init__(self) -> None:
         at_least("--budget", self.budget, 1)

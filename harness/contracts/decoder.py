@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 import torch
 
-from specaudit._moved import forward as _forward
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import Violation
 
@@ -214,6 +213,3 @@ def check_inputs_unchanged(tensors: dict[str, tuple[torch.Tensor, torch.Tensor]]
     changes = [c for name, (now, before) in tensors.items() if (c := tensor_change(name, now, before))]
     if changes:
         raise ContractError("inputs-unchanged", "; ".join(changes), evidence={"changes": changes})
-
-
-__getattr__ = _forward(__name__)  # the watchdog and fingerprint names that left for specaudit.running

@@ -58,6 +58,7 @@ class CallRecord:
     unsupported: tuple[str, ...] = ()  # inputs the checks cannot judge, e.g. "inputs_embeds instead of input_ids"
     order: int = field(default_factory=lambda: next(_CALL_ORDER))  # order among all calls, target and draft
     proposals: torch.Tensor | None = None  # [B, T] a draft call's top-1 token at every input (draft evidence only)
+    choices: torch.Tensor | None = None  # [B, T] a target call's top-1 token at every input (None: no logits returned)
 
     @property
     def past_length(self) -> int:
@@ -172,6 +173,8 @@ class _Watch:
         if self.role == "draft" and self.snapshot:
             record.proposals = _top1(output)
         record.seconds += time.perf_counter()
+        if self.role == "target":  # which committed tokens this forward's logits can have chosen (I2)
+            record.choices = _top1(output)
 
 
 def _top1(output: Any) -> torch.Tensor | None:

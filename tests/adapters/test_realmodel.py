@@ -308,3 +308,20 @@ def test_real_model_runs_keep_the_whole_contract(pair, mutant: str, rule: str) -
     assert (hook_count(target), hook_count(draft)) == before, "a run left hooks on the caller's models"
     clean = run_real(EQSPEC, target, draft, tokenizer, PROMPTS[:2], batch_size=2, max_new_tokens=4)
     assert diagnose(clean[0]).passed, diagnose(clean[0]).render()
+
+
+def test_a_failing_verdict_is_on_disk_before_its_reproducers(pair_dirs, prompts_file, tmp_path, monkeypatch) -> None:
+    """An audit cut off after a failing batch's diagnosis (its step's time running out while the
+    reproducers are written) has already written that batch's verdict, flagged incomplete."""
+    from specaudit.audits import realaudit
+
+    def cut_off(*args, **kwargs):
+        raise KeyboardInterrupt  # what `timeout` leaves of the rest of the step
+
+    monkeypatch.setattr(realaudit, "write_reproducers", cut_off)
+    argv = audit_argv(pair_dirs, prompts_file, "--decoder", PLANTED, "--check-rate", "0.25", "--out", str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["complete"] is False and len(report["entries"]) == 1, report
+    assert not report["entries"][0]["passed"] and report["entries"][0]["first"]["check"], report["entries"][0]

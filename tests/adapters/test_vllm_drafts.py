@@ -43,6 +43,19 @@ def test_shaping_is_deterministic_and_depends_on_the_seed() -> None:
     assert DraftShape(disagree=0.0).shape(TOKENS, drafts) == drafts
 
 
+def test_ragged_drafts_cut_each_request_to_a_count_of_its_own() -> None:
+    """`ragged`: a request's drafts cut to 1..what it proposed, by a hash of its length and last token,
+    so requests verifying together carry different draft counts, the same ones on a replay."""
+    drafts = list(range(20, 27))
+    shape = DraftShape(ragged=True)
+    counts = [len(shape.shape((5,) * n + (n % 9,), drafts)) for n in range(1, 200)]
+    assert set(counts) == set(range(1, 8)), sorted(set(counts))
+    assert all(shape.shape((5,) * n, drafts) == drafts[: len(shape.shape((5,) * n, drafts))] for n in range(1, 50))
+    assert counts == [len(shape.shape((5,) * n + (n % 9,), drafts)) for n in range(1, 200)]
+    assert not shape.inert and DraftShape().shape(TOKENS, drafts) == drafts
+    assert parse_shape("ragged=1,k=4") == DraftShape(k=4, ragged=True) and not parse_shape("ragged=0").ragged
+
+
 def test_bad_shapes_are_refused_with_what_was_given() -> None:
     with pytest.raises(ValueError, match="disagree must be in"):
         DraftShape(disagree=1.5)
@@ -79,3 +92,35 @@ def test_the_strategy_draws_the_workloads_k_within_the_engines(workload: Workloa
 @given(workloads(Shape(vocab=64, block_size=32, max_prompt=40, max_tokens=20)))
 def test_without_speculation_no_k_is_drawn(workload: Workload) -> None:
     assert workload.k is None, workload
+
+
+def test_a_shrunk_case_keeps_a_margin_over_its_tolerance() -> None:
+    """While shrinking, a kv-entry failure within `SHRINK_MARGIN` times its tolerance is not taken
+    as the smaller case (it may not fail again elsewhere); one clear of it is; the first failure
+    found is kept whatever its margin, and a rule without a tolerance is never held back."""
+    import time
+
+    from specaudit.adapters import vllm_whitebox as wb
+    from specaudit.contracts.violation import Violation
+
+    def kv(distance: float) -> Violation:
+        evidence = {"kv_distance": distance, "kv_bound": 1e-3}
+        return Violation("paged", "kv-entry", "differs", "within", 0, evidence=evidence)
+
+    class Scripted(wb.Probe):
+        answers: list[list[Violation]]
+
+        def judge_workload(self, workload: Workload) -> list[Violation]:
+            return self.answers.pop(0)
+
+    probe = Scripted(None, None, None, wb.WhiteBoxResult({}, wb.EngineOptions()), time.monotonic() + 60)
+    big, small = Workload((PlannedRequest((5,) * 9, 0, 4),)), Workload((PlannedRequest((5,), 0, 4),))
+    probe.answers = [[kv(1.1e-3)], [kv(1.23e-3)], [kv(wb.SHRINK_MARGIN * 1e-3)]]
+    with pytest.raises(wb._Failed):
+        probe(big)  # the first failure is reported even this close to its tolerance
+    probe(small)  # 1.23 times the tolerance: not the minimal case
+    assert probe.latest is not None and probe.latest.workload == big
+    with pytest.raises(wb._Failed):
+        probe(small)
+    assert probe.latest.workload == small and probe.latest.violations[0].evidence["kv_distance"] >= 4e-3
+    assert wb.clear_margin(Violation("paged", "greedy-commit", "x", "y", 0)) and not wb.clear_margin(kv(2e-3))

@@ -77,9 +77,13 @@ class FakeEngine:
     resumed: set[str] = field(default_factory=set)  # recomputed from position 0 in the next step, no drafts
     preempted: dict[str, list[int]] = field(default_factory=dict)  # request -> steps whose scheduling preempted it
 
-    def add(self, rid: str, prompt: tuple[int, ...]) -> None:
+    def add(self, rid: str, prompt: tuple[int, ...], hit: str | None = None) -> None:
+        """A new request; with `hit`, a prefix-cache hit on that request's first block (which may
+        be written in the very forward that reads it, as vLLM registers a block when it allocates it)."""
         self.prompts[rid], self.outputs[rid], self.computed[rid] = prompt, (), 0
         self.tables[rid] = self.blocks()
+        if hit is not None:
+            self.tables[rid][0], self.computed[rid] = self.tables[hit][0], BLOCK
         self.arrivals[rid] = len(self.commits)
 
     def blocks(self) -> list[int]:
@@ -264,6 +268,58 @@ def test_a_real_fault_across_a_preemption_is_still_caught() -> None:
     commits[4]["a"] = commits[4]["a"][:-1] + ((commits[4]["a"][-1] + 1) % 97,)
     found = check_paged(incarnations(replace(raw, commits=tuple(commits)), preempted))
     assert found and found[0].rule == "greedy-commit" and found[0].evidence["request_id"] == "a~1", found[:1]
+
+
+def prefix_hit_trace(reader: tuple[int, ...] = (5, 6, 7, 8, 9, 10)) -> PagedTrace:
+    """Two requests arriving together, the second's first block a prefix hit on the first's, which
+    the first writes in that same forward (vLLM, prefix caching, two identical prompts)."""
+    engine = FakeEngine()
+    engine.add("a", (5, 6, 7, 8, 9, 10))
+    engine.add("b", reader, hit="a")
+    for accepted in ({}, {"a": 2, "b": 1}, {"a": 0, "b": 3}):
+        engine.step(accepted)
+    return engine.trace()
+
+
+def test_a_prefix_hit_on_a_block_written_in_the_same_forward_passes() -> None:
+    """The reader attends slots its sharer writes in the same forward: each layer writes the cache
+    before its attention reads it, so they hold the shared prefix (the earlier white box said
+    "attended slot 4 (position 0) never written")."""
+    trace = prefix_hit_trace()
+    first = trace.calls[0]
+    assert first.block_table[0, 0] == first.block_table[1, 0] and first.past(1) == BLOCK, "no prefix hit"
+    assert check_paged(trace) == [] and check_paged(trace, reference) == []
+
+
+@pytest.mark.parametrize("reader", [(5, 6, 7, 1, 9, 10), (1, 6, 7, 8, 9, 10)], ids=["tail", "head"])
+def test_a_wrong_prefix_hit_in_the_same_forward_is_caught(reader: tuple[int, ...]) -> None:
+    """A hit on a block whose tokens differ from the reader's (a hash that ignores part of the
+    block): the slot the sharer writes in the same forward holds another token: kv-provenance."""
+    found = check_paged(prefix_hit_trace(reader))
+    assert found and found[0].rule == "kv-provenance" and found[0].call == 0, found[:1]
+    assert found[0].evidence["other_request"] == "a" and found[0].evidence["written_in"] == 0, found[0].evidence
+
+
+def test_the_features_a_trace_exercised_are_counted_and_an_enabled_one_missed_is_flagged() -> None:
+    """Coverage per configuration: a prefix hit on a block written in the same forward, accepted
+    runs committed across a block boundary, preemptions as observed; an enabled feature that no
+    draw reached is a warning (a pass that says nothing about it), a disabled one is not."""
+    from specaudit.adapters.vllm_whitebox import EngineOptions, Features, WhiteBoxResult, features
+
+    hit = features(prefix_hit_trace(), preemptions=2).counts
+    assert hit["prefix hits in the step"] == 1 and hit["prefix hits across steps"] == 0 and hit["preemptions"] == 2
+    plain = features(fake_trace()).counts
+    assert plain["prefix hits in the step"] == plain["prefix hits across steps"] == plain["chunked prefills"] == 0
+    assert plain["accepted runs crossing a block"] >= 2, plain
+    options = EngineOptions("ngram", 3, 32, 64, 5, True, 128)
+    result = WhiteBoxResult({}, options, examples=6)
+    result.features.add(Features(hit))
+    assert hit["accepted runs crossing a block"] >= 1, hit
+    missed = "the draws never exercised chunked prefills, prefix hits across steps, which this engine enables"
+    assert result.feature_warnings() == [missed] and missed in result.warnings
+    result.features.add(Features({**plain, "chunked prefills": 1, "prefix hits across steps": 1}))
+    assert result.feature_warnings() == []
+    assert WhiteBoxResult({}, EngineOptions("none", 0, 32), examples=6).feature_warnings() == []
 
 
 def test_acceptance_and_ragged_share_are_counted_per_verify_step() -> None:
@@ -536,9 +592,10 @@ def test_unpatched_vllm_passes_every_paged_rule(
 
 
 def mutant_params(staggered: bool = True) -> list[Any]:
-    from specaudit.reference.vllm_mutants import MUTANTS, STAGGERED
+    from specaudit.reference.vllm_mutants import MUTANTS, PREFIX_PAIR, STAGGERED, STOPS
 
-    return [pytest.param(m, id=m.name) for m in MUTANTS if (m.workload == STAGGERED) == staggered]
+    drawn = [m for m in MUTANTS if m.workload not in (PREFIX_PAIR, STOPS)]  # their own tests: below, test_vllm_stops
+    return [pytest.param(m, id=m.name) for m in drawn if (m.workload == STAGGERED) == staggered]
 
 
 @needs_vllm
@@ -613,6 +670,67 @@ def test_a_workload_drawn_again_on_the_same_engine_is_judged_alone(tmp_path: Pat
                           timeout=600)  # fmt: skip
     runs = [line for line in done.stdout.splitlines() if line.startswith("RUN")]
     assert runs == ["RUN 0 []", "RUN 1 []"], done.stdout[-2000:] + done.stderr[-2000:]
+
+
+PREFIX_PAIR = """
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from specaudit.adapters.vllm_observer import build_llm, hf_kv_reference
+from specaudit.adapters.vllm_whitebox import EngineOptions, PlannedRequest, Workload, run_workload
+from specaudit.checks.paged import check_paged
+from specaudit.reference.vllm_mutants import BY_NAME, plant
+if sys.argv[2]:
+    plant(BY_NAME[sys.argv[2]])
+options = EngineOptions("ngram", 3, 32, None, None, True, 128)
+llm = build_llm(sys.argv[1], options.speculative(sys.argv[1], None), **options.engine_args())
+reference = hf_kv_reference(sys.argv[1], (0, 1))  # the observer's default layers (0, -1) of 2
+head = tuple(range(20, 36))  # the first half of a block of 32
+same, other = head + tuple(range(40, 56)) + (7, 8), head + tuple(range(60, 76)) + (7, 8)
+for name, second, arrival in (("identical", same, 0), ("tail", other, 0), ("tail-later", other, 2)):
+    observed = run_workload(llm, Workload((PlannedRequest(same, 0, 12), PlannedRequest(second, arrival, 12))))
+    seen, hits = set(), []  # (call, request) of each request's first forward that starts past a cached block
+    for c in observed.trace.calls:
+        hits += [(c.index, r) for b, r in enumerate(c.request_ids) if r not in seen and c.past(b) > 0]
+        seen.update(c.request_ids)
+    found = check_paged(observed.trace)
+    same_forward = any(call == 0 for call, _ in hits)
+    entries = any(v.rule == "kv-entry" for v in check_paged(observed.trace, reference))
+    print("CASE", name, int(same_forward), int(bool(hits)), found[0].rule if found else "-", int(entries), flush=True)
+    print("OUTPUTS", name, json.dumps([list(observed.outputs[r]) for r in ("r0", "r1")]), flush=True)
+"""
+
+
+@needs_vllm
+@pytest.mark.parametrize("mutant", [None, "prefix-hash-ignores-block-tail"], ids=["unpatched", "wrong-hit"])
+def test_a_prefix_hit_in_the_step_that_writes_the_block_is_judged_right(tmp_path: Path, mutant: str | None) -> None:
+    """Two identical prompts of a full block in one step, prefix caching on: vLLM registers the
+    first's block in the schedule that allocates it and the second hits it, reading slots the
+    first writes in the same forward. Unpatched: no violation (the white box said "attended slot
+    32 (position 0) never written"). With the block hash covering half a block, prompts differing
+    in the block's second half get a wrong hit, in the same step and across steps: kv-provenance."""
+    from specaudit.reference.vllm_mutants import BY_NAME
+
+    model = tiny_llama(tmp_path / "target", layers=2, seed=0)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, "-c", PREFIX_PAIR, str(model), mutant or ""], capture_output=True,
+                          text=True, env=env, timeout=600)  # fmt: skip
+    cases = {line.split()[1]: line.split()[2:] for line in done.stdout.splitlines() if line.startswith("CASE")}
+    assert len(cases) == 3, done.stdout[-2000:] + done.stderr[-3000:]
+    assert cases["identical"] == ["1", "1", "-", "0"], cases  # a hit in the first forward, and no violation
+    if mutant is None:
+        assert cases["tail"][2:] == cases["tail-later"][2:] == ["-", "0"], cases  # no hit on a different block
+    else:
+        kv = str(int(BY_NAME[mutant].kv_visible))
+        assert cases["tail"] == ["1", "1", "kv-provenance", kv], cases
+        assert cases["tail-later"][1:] == ["1", "kv-provenance", kv], cases
+    outputs = {line.split()[1]: json.loads(line.split(maxsplit=2)[2]) for line in done.stdout.splitlines()
+               if line.startswith("OUTPUTS")}  # fmt: skip
+    head = tuple(range(20, 36))
+    same, other = head + tuple(range(40, 56)) + (7, 8), head + tuple(range(60, 76)) + (7, 8)
+    want = [list(greedy_oracle(tmp_path / "target", prompt, 12)) for prompt in (same, other)]
+    assert outputs["identical"] == [want[0], want[0]], "identical prompts: the outputs are exact"
+    visible = mutant is not None and BY_NAME[mutant].output_visible
+    assert (outputs["tail"] != want) == (outputs["tail-later"] != want) == visible, (outputs, want)
 
 
 @needs_vllm

@@ -125,16 +125,22 @@ def test_a_pass_without_a_ragged_round_is_flagged(case: Case) -> None:
     verdict = Verdict(EQSPEC, "transparent")
     verdict.record(done, {"I2": "pass"}, [])
     assert verdict.coverage == got
-    row = format_table([verdict]).splitlines()[2]
-    assert f"PASS ({NO_RAGGED_ROUND})" in row and "ragged 0/" in row, row
+    row, covered = verdict_and_coverage_rows(format_table([verdict]))
+    assert f"PASS ({NO_RAGGED_ROUND})" in row and "ragged 0/" in covered, (row, covered)
 
 
 def test_a_ragged_pass_is_not_flagged() -> None:
     """A pass with a ragged round reads plain PASS, its coverage shown beside it."""
     verdict = Verdict(EQSPEC, "transparent")
     verdict.record(run(two_rows()), {"I2": "pass"}, [])
-    row = format_table([verdict]).splitlines()[2]
-    assert " PASS " in row and "(no ragged" not in row and "ragged 2/4 rounds" in row, row
+    row, covered = verdict_and_coverage_rows(format_table([verdict]))
+    assert " PASS " in row and "(no ragged" not in row and "ragged 2/4 rounds" in covered, (row, covered)
+
+
+def verdict_and_coverage_rows(table: str) -> tuple[str, str]:
+    """The one verdict's row of the decoder table and its row of the coverage table under it."""
+    lines = table.splitlines()
+    return lines[2], lines[lines.index(next(x for x in lines if x.startswith("coverage "))) + 2]
 
 
 def test_an_engine_without_speculation_is_not_flagged_for_no_ragged_round() -> None:

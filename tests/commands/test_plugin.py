@@ -309,6 +309,22 @@ def test_known_failures_file_turns_listed_failures_into_xfail(
     assert result.ret == 1 and result.parseoutcomes().get("failed", 0) >= 1
 
 
+@pytest.mark.slow
+def test_an_efficiency_finding_is_xfail_unless_strict(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Token preservation alone (the output and invariants right) is a cost: the property reports it as
+    xfail, with its reproducer, and `--strict-efficiency` makes it a failure (issue 38, point 3)."""
+    monkeypatch.delenv("CI", raising=False)
+    wasteful = "specaudit.reference.mutants:acceptance_one_short"
+    args = ("--decoder", wasteful, "-k", "test_token_preservation", "-rx")
+    result = run_properties(pytester, *args)
+    assert result.ret == 0 and result.parseoutcomes().get("xfailed") == 1, output(result)
+    assert "efficiency finding" in output(result)
+    result = run_properties(pytester, *args, "--strict-efficiency")
+    assert result.ret == 1 and result.parseoutcomes().get("failed") == 1, output(result)
+
+
 def run_engine_property(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     """The engine property alone on the planted FreeListOffByOne, transparent model, seed 0."""
     return run_properties(pytester, "-k", "test_engine_matches_oracle", "--engine", FREE_LIST, *args)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from specaudit.artifacts.tables import short_name
 from specaudit.commands.cli import main
 from specaudit.contracts.errors import UsageError
 from specaudit.search.jobs import default_jobs, run_all
@@ -55,7 +56,12 @@ def audit(out: Path, jobs: int, capsys: pytest.CaptureFixture[str]) -> tuple[lis
     table's rows, report.json without timings, and every reproducer file's text."""
     argv = ["audit", "--decoder", EQSPEC, "--decoder", MUTANT, "--engine", FREE_LIST, "--models", "transparent"]
     assert main([*argv, "--examples", "5", "--quiet", "--out", str(out), "--jobs", str(jobs)]) == 1
-    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("specaudit.")]
+    names = {short_name(spec) for spec in (EQSPEC, MUTANT, FREE_LIST)}
+    rows = [
+        line.split()[0]
+        for line in capsys.readouterr().out.splitlines()
+        if line.split()[:1] and line.split()[0] in names
+    ]
     report = without_timings(json.loads((out / "report.json").read_text()))
     files = {p.name: p.read_text() for p in sorted((out / "repro").iterdir())}
     return rows, report, files
@@ -65,6 +71,6 @@ def audit(out: Path, jobs: int, capsys: pytest.CaptureFixture[str]) -> tuple[lis
 def test_outputs_do_not_depend_on_the_number_of_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     serial = audit(tmp_path / "one", 1, capsys)
     parallel = audit(tmp_path / "two", 2, capsys)
-    assert serial[0] == parallel[0] and serial[0][:2] == [EQSPEC, MUTANT], serial[0]
+    assert serial[0] == parallel[0] and serial[0][:2] == [short_name(EQSPEC), short_name(MUTANT)], serial[0]
     assert serial[1] == parallel[1]
     assert serial[2] == parallel[2] and len(serial[2]) >= 4, sorted(serial[2])

@@ -1,0 +1,386 @@
+"""`make audit-openvino`: OpenVINO GenAI's continuous batching under drawn workloads, per configuration.
+
+Each configuration is a pipeline's settings (speculation, chunked prefill through a small
+`max_num_batched_tokens`, prefix caching). Hypothesis draws workloads (`workloads.workloads`);
+each runs on a fresh pipeline through the step API, and the requests are judged at the output
+level by the judge every black box shares (`adapters.engine_blackbox.judge_answers`: the
+batch-size-1 greedy oracle, tie-aware, the output contract). A failure is shrunk by Hypothesis
+to a minimal workload with the same first check and rule; a known defect of OpenVINO GenAI
+(`KNOWN_DEFECTS`) that explains a failure is counted, not shrunk, so the audit stays green and
+says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specaudit.adapters.engine_blackbox import (
+    Answer,
+    EngineAuditResult,
+    Request,
+    check_tokens,
+    contract_violation,
+    judge_answers,
+    load_target,
+)
+from specaudit.adapters.openvino.engine import EngineOptions, OpenVinoEngine, build_pipeline
+from specaudit.adapters.openvino.precision import CPU_DEFAULTS, at_precision, low_precision, rejudged
+from specaudit.adapters.openvino.workloads import Workload, workloads
+from specaudit.artifacts.reproducer import Reproducer
+from specaudit.contracts.engine import ENGINE_RULES
+from specaudit.contracts.errors import UsageError
+from specaudit.contracts.violation import Violation
+from specaudit.reference.oracle import greedy_oracle
+
+CHUNK = 8
+"""A token budget per step below most drawn prompts' length, so prefills are chunked."""
+CONFIGURATIONS: dict[str, EngineOptions] = {
+    "control": EngineOptions("none", max_num_batched_tokens=CHUNK, prefix_caching=True),
+    "draft": EngineOptions("draft", max_num_batched_tokens=CHUNK, prefix_caching=True),
+    "draft-whole": EngineOptions("draft", max_num_batched_tokens=256, prefix_caching=False),
+    "lookup": EngineOptions("lookup", max_num_batched_tokens=CHUNK, prefix_caching=True),
+    "draft-bf16": EngineOptions("draft", max_num_batched_tokens=256, prefix_caching=True, hints=CPU_DEFAULTS),
+}
+"""Per configuration the pipeline's settings; K is drawn per request (1..7) in every speculative one.
+`draft-bf16` runs at the CPU defaults (bf16, u8 KV cache), judged against the non-speculative
+control at that precision (`precision`), with a whole budget so the known defect stays out."""
+DTYPE = "float32"  # the f32 hints: ties are judged at float32's rounding
+
+
+@dataclass
+class Run:
+    """One workload through one pipeline: the judged result and the per-step evidence."""
+
+    workload: Workload
+    result: EngineAuditResult
+    acceptance: float | None
+    ragged_share: float
+    steps: int
+    cancelled: list[int]
+
+
+def eos_token(target: torch.nn.Module, workload: Workload) -> int | None:
+    """Request 0's oracle token at `eos_at` (an EOS the target emits part-way), None without one."""
+    if workload.eos_at is None:
+        return None
+    with torch.no_grad():
+        tokens = greedy_oracle(target, workload.prompts[0], max_new_tokens=workload.eos_at + 1, eos_token_id=None)
+    return int(tokens.tokens[min(workload.eos_at, len(tokens.tokens) - 1)])
+
+
+def drive(engine: OpenVinoEngine, workload: Workload) -> tuple[dict[int, list[int]], dict[int, int], dict[int, int],
+                                                                 dict[int, int], Violation | None, int]:  # fmt: skip
+    """Add each request at its arrival step, cancel at its cancel step, step until nothing is unfinished.
+    Returns tokens, added step, finished step, tokens held when cancelled (per request), the engine's
+    error and the steps."""
+    tokens: dict[int, list[int]] = {i: [] for i in range(len(workload.prompts))}
+    added: dict[int, int] = {}
+    done: dict[int, int] = {}
+    cancelled: dict[int, int] = {}
+    last = max(workload.arrivals)
+    budget = last + 8 + sum(workload.limits) + max((c or 0 for c in workload.cancels), default=0)
+    step = 0
+    try:
+        for step in range(budget):
+            for i, arrival in enumerate(workload.arrivals):
+                if arrival == step:
+                    engine.add_request(i, workload.prompts[i], workload.limits[i], workload.ks[i])
+                    added[i] = step
+                cancel = workload.cancels[i]
+                if cancel is not None and i in added and added[i] + cancel == step and i not in done:
+                    engine.abort(i)
+                    cancelled[i] = len(tokens[i])
+            for rid, new in engine.step().items():
+                tokens[rid].extend(new)
+            for i in added:
+                if i not in done and engine.finished(i):
+                    done[i] = step
+            if step >= last and len(done) == len(workload.prompts) and not engine.has_unfinished():
+                break
+    except Exception as exc:  # the engine's failure is evidence
+        error = contract_violation("step-returns", f"the pipeline raising {type(exc).__name__}: {exc}"[:400], None)
+        return tokens, added, done, cancelled, error, step + 1
+    return tokens, added, done, cancelled, None, step + 1
+
+
+def judged(
+    label: str, target: torch.nn.Module, workload: Workload, engine: OpenVinoEngine, eos: int | None
+) -> tuple[EngineAuditResult, list[int], int]:
+    """The workload's outputs judged: a cancelled request against its oracle up to what it emitted
+    (a request cancelled before its first token is not compared); anything emitted after the
+    cancel breaks `aborted-silent`."""
+    start = time.perf_counter()
+    tokens, added, done, cancelled, error, steps = drive(engine, workload)
+    seconds = time.perf_counter() - start
+    requests, answers = [], {}
+    vocab = int(target.config.vocab_size)
+    for i, prompt in enumerate(workload.prompts):
+        got = tokens[i]
+        limit = workload.limits[i]
+        note = ""
+        late = None
+        if i in cancelled:
+            held = cancelled[i]
+            if len(got) > held:
+                found = f"{len(got) - held} token(s) {got[held:]} emitted after the cancel (it held {held})"
+                late = Violation("contract", "aborted-silent", found, ENGINE_RULES["aborted-silent"], request=i)
+            if not got:
+                continue
+            limit, note = min(len(got), limit), f"cancelled holding {held} tokens, judged up to what it emitted"
+        request = Request(i, prompt, limit, float(workload.arrivals[i]))
+        requests.append(request)
+        bad = next((j for j, t in enumerate(got) if not 0 <= t < vocab), None)
+        if bad is not None:  # judged up to it: the oracle cannot take an id outside the vocabulary
+            found = f"token id {got[bad]} at index {bad} of {got[: bad + 2]}, outside the vocabulary [0, {vocab})"
+            answers[i] = Answer(tuple(got[:bad]), bad_token(found, vocab, i), added.get(i), None, note)
+        elif late is not None:
+            answers[i] = Answer(tuple(got), late, added.get(i), done.get(i), note)
+        elif i not in done:
+            why = error or contract_violation("responds", f"unfinished after {steps} steps with {len(got)} of "
+                                              f"{workload.limits[i]} tokens", i)  # fmt: skip
+            answers[i] = Answer(tuple(got), replace(why, request=i), added.get(i), None, note)
+        else:
+            answers[i] = Answer(tuple(got), check_tokens(request, got, eos), added[i], done[i], note)
+    if not requests:  # every request cancelled before its first token: judge nothing, but say so
+        requests.append(Request(0, workload.prompts[0], 1, 0.0))
+        answers[0] = Answer((), contract_violation("responds", "no request emitted a token", 0), None, None)
+    result = judge_answers(label, "steps", target, requests, answers, eos, DTYPE, seconds, error)
+    return result, sorted(cancelled), steps
+
+
+def bad_token(found: str, vocab: int, request: int) -> Violation:
+    return Violation(
+        "contract", "token-ids", found, f"token ids in the target's vocabulary [0, {vocab})", request=request
+    )
+
+
+@dataclass
+class ConfigurationResult:
+    """One configuration's search: examples drawn, the first failure shrunk, the evidence per step."""
+
+    name: str
+    options: EngineOptions
+    examples: int = 0
+    shrink_runs: int = 0
+    seconds: float = 0.0
+    acceptances: list[float] = field(default_factory=list)
+    ragged: list[float] = field(default_factory=list)
+    requests: int = 0
+    cancelled: int = 0
+    failure: Run | None = None
+    known: dict[str, int] = field(default_factory=dict)
+    known_runs: dict[str, Run] = field(default_factory=dict)  # per known defect, the first workload it explained
+    numerics: int = 0  # requests off the oracle that the control at the same precision explains
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None and self.error is None
+
+    @property
+    def verdict(self) -> str:
+        if self.error is not None:
+            return f"ERROR {self.error}"
+        if self.failure is not None:
+            v = self.failure.result.violations[0]
+            return f"FAIL [{v.check}: {v.rule}] {v.render()}"
+        known = [f"known defect {k} x{n}" for k, n in self.known.items()]
+        known += [f"numerics x{self.numerics} (requests the control at this precision explains)"] * bool(self.numerics)
+        return "PASS" + (f" ({'; '.join(known)})" if known else "")
+
+    def acceptance(self) -> float | None:
+        return sum(self.acceptances) / len(self.acceptances) if self.acceptances else None
+
+    def ragged_share(self) -> float:
+        return sum(self.ragged) / len(self.ragged) if self.ragged else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        failure = None
+        if self.failure is not None:
+            failure = {"workload": self.failure.workload.to_json(), "result": self.failure.result.to_json()}
+        return {"configuration": self.name, "options": self.options.to_json(), "passed": self.passed,
+                "verdict": self.verdict, "examples": self.examples, "shrink_runs": self.shrink_runs,
+                "seconds": round(self.seconds, 2), "acceptance": self.acceptance(),
+                "ragged_share": self.ragged_share(), "requests": self.requests, "cancelled": self.cancelled,
+                "known": self.known, "numerics": self.numerics, "failure": failure}  # fmt: skip
+
+
+class _Failed(Exception):
+    pass
+
+
+def run_one(
+    target_ir: Path, draft_ir: Path, target: torch.nn.Module, options: EngineOptions, workload: Workload, label: str
+) -> Run:
+    """A fresh pipeline (no state carried between workloads, so a reproducer replays alone)."""
+    engine = OpenVinoEngine(build_pipeline(target_ir, draft_ir, options), options, None)
+    engine.eos = eos_token(target, workload)
+    result, cancelled, steps = judged(label, target, workload, engine, engine.eos)
+    return Run(workload, result, engine.acceptance(), engine.log.ragged_share(), steps, cancelled)
+
+
+def search(
+    name: str, options: EngineOptions, target_ir: Path, draft_ir: Path, target: torch.nn.Module,
+    examples: int, minutes: float, seed: int, say: Callable[[str], None],
+) -> ConfigurationResult:  # fmt: skip
+    """Hypothesis draws up to `examples` workloads within `minutes`; the first failure not explained
+    by a known defect is shrunk (same first check and rule) until the budget ends."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from specaudit.adapters.openvino.defects import explained
+
+    out = ConfigurationResult(name, options)
+    start = time.monotonic()
+    deadline = start + 60.0 * minutes
+    vocab = int(target.config.vocab_size)
+    state: dict[str, Any] = {"key": None}
+
+    def probe(workload: Workload) -> None:
+        if time.monotonic() > deadline:
+            return  # the budget is spent: the remaining draws pass at once (raising would be a failure to shrink)
+        shrinking = state["key"] is not None
+        run = run_one(target_ir, draft_ir, target, options, workload, f"openvino-{name}")
+        out.shrink_runs += shrinking
+        if not shrinking:
+            out.examples += 1
+            out.requests += len(workload.prompts)
+            out.cancelled += len(run.cancelled)
+            out.ragged.append(run.ragged_share)
+            if run.acceptance is not None:
+                out.acceptances.append(run.acceptance)
+        if run.result.passed:
+            return
+        if shrinking:
+            defect = None
+        else:
+            defect = explained(options, lambda o: run_one(target_ir, draft_ir, target, o, workload, f"openvino-{name}"))
+        if defect is not None:
+            out.known[defect] = out.known.get(defect, 0) + 1
+            out.known_runs.setdefault(defect, run)
+            return
+        if low_precision(options):  # judged against the non-speculative control at the same precision
+            control = run_one(target_ir, draft_ir, target, replace(options, method="none"), workload, "control")
+            verdict = at_precision(target, workload.prompts, run.result, control.result, f"openvino-{name}")
+            if verdict is not None and verdict.explained:
+                out.numerics += 0 if shrinking else len(verdict.numerics)
+                return
+            if verdict is not None:
+                run = replace(run, result=rejudged(run.result, verdict))
+        first = run.result.violations[0]
+        key = (first.check, first.rule)
+        if shrinking and key != state["key"]:
+            return
+        state["key"] = key
+        out.failure = run
+        raise _Failed
+
+    checked = settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate, Phase.shrink],
+                       suppress_health_check=list(HealthCheck), print_blob=False)  # fmt: skip
+    test = hypothesis_seed(seed)(checked(given(workloads(vocab))(probe)))
+    try:
+        test()
+    except _Failed:
+        pass
+    except Exception as exc:  # Hypothesis's own (Flaky: the budget ran out while shrinking): keep the smallest seen
+        if out.failure is None:
+            out.error = f"{type(exc).__name__}: {exc}"[:300]
+    out.seconds = time.monotonic() - start
+    say(f"{name}: {out.verdict} ({out.examples} examples, {out.seconds:.0f} s)")
+    return out
+
+
+def table(results: list[ConfigurationResult]) -> str:
+    head = ("configuration", "method", "chunk", "prefix cache", "examples", "requests", "cancelled", "acceptance",
+            "ragged share", "seconds", "verdict")  # fmt: skip
+    rows = [head]
+    for r in results:
+        acc = r.acceptance()
+        rows.append((r.name, r.options.method, str(r.options.max_num_batched_tokens), str(r.options.prefix_caching),
+                     str(r.examples), str(r.requests), str(r.cancelled), "-" if acc is None else f"{acc:.2f}",
+                     f"{r.ragged_share():.2f}", f"{r.seconds:.0f}", r.verdict))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head) - 1)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[-1]]) for row in rows)
+
+
+def write_reproducers(results: list[ConfigurationResult], out: Path) -> list[Path]:
+    """Per configuration, its shrunk failure and the first workload each known defect explained, as
+    `openvino` reproducers under `out` (`specaudit replay FILE` runs them again)."""
+    from specaudit.adapters.openvino.reproducer import write_reproducer
+
+    paths = []
+    for r in results:
+        if r.failure is not None:
+            paths.append(write_reproducer(out, r.name, r.options, r.failure, None))
+        for defect, run in r.known_runs.items():
+            paths.append(write_reproducer(out, r.name, r.options, run, defect))
+    return paths
+
+
+def run_openvino(names: list[str], examples: int, minutes: float, seed: int, out: Path | None) -> int:
+    """`specaudit audit-openvino`: exit 0 when every configuration passes (known defects counted), 1
+    otherwise, 2 for an unknown configuration."""
+    from specaudit.adapters.openvino.models import ir_directories
+
+    unknown = [n for n in names if n not in CONFIGURATIONS]
+    if unknown:
+        print(
+            f"specaudit: unknown configuration(s) {unknown}; choose from {', '.join(CONFIGURATIONS)}", file=sys.stderr
+        )
+        return 2
+
+    def say(text: str) -> None:
+        print(f"specaudit: {text}", file=sys.stderr, flush=True)
+
+    start = time.monotonic()
+    target_ir, draft_ir, hf_target = ir_directories(say=say)
+    target = load_target(str(hf_target), "float64")
+    results = [search(n, CONFIGURATIONS[n], target_ir, draft_ir, target, examples, minutes, seed, say)
+               for n in names]  # fmt: skip
+    print(table(results))
+    from specaudit.adapters.openvino.defects import KNOWN_DEFECTS
+
+    for defect in sorted({k for r in results for k in r.known}):
+        print(f"\nknown failure {defect} (explained, not a verdict): {KNOWN_DEFECTS[defect]}")
+    for r in results:
+        if r.failure is not None:
+            print(f"\n{r.name}: minimal workload ({r.failure.workload.size()}):")
+            print(json.dumps(r.failure.workload.to_json()))
+            print(r.failure.result.table())
+    print(f"\nlevel of evidence: output level (OpenVINO GenAI owns its models); {time.monotonic() - start:.0f} s")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "openvino.json").write_text(json.dumps([r.to_json() for r in results], indent=1) + "\n")
+        for path in write_reproducers(results, out):
+            print(f"reproducer: {path} (specaudit replay {path}, from the OpenVINO venv)")
+    return 0 if all(r.passed for r in results) else 1
+
+
+def replay_reproducer(reproducer: Reproducer) -> Any:
+    """An `openvino` reproducer's workload through a fresh pipeline with the file's options, judged
+    again (`reproducer.OpenVinoReplay`); `specaudit replay FILE` lands here."""
+    if importlib.util.find_spec("openvino_genai") is None:
+        raise UsageError(f"{reproducer.where} replays OpenVINO GenAI: run it with the OpenVINO venv's specaudit "
+                         "(.venv-openvino/bin/specaudit replay FILE; make openvino-venv)")  # fmt: skip
+    from specaudit.adapters.openvino.models import ir_directories
+    from specaudit.adapters.openvino.reproducer import OpenVinoReplay
+
+    try:
+        options = EngineOptions.from_json(reproducer.subject["options"])
+        workload = Workload.from_json(reproducer.payload["workload"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"{reproducer.where}: malformed OpenVINO options or workload ({exc})") from None
+    target_ir, draft_ir, hf_target = ir_directories(say=lambda _: None)
+    label = f"openvino-{reproducer.subject.get('configuration', 'replay')}"
+    run = run_one(target_ir, draft_ir, load_target(str(hf_target), "float64"), options, workload, label)
+    recorded = {key: reproducer.evidence.get(key) for key in ("first_check", "rule", "known_defect")}
+    return OpenVinoReplay(run.result, recorded)

@@ -1,0 +1,131 @@
+"""The OpenVINO audit's per-step evidence and workloads, without OpenVINO: acceptance and the
+ragged share from tokens emitted per request per step, the drawn workloads' bounds and their
+reproducer form. Runs in the main venv (nothing here imports openvino_genai)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from specaudit.adapters.openvino.engine import StepLog
+from specaudit.adapters.openvino.workloads import MAX_K, MAX_PROMPT, Workload, workloads
+
+
+def test_acceptance_counts_verify_steps_not_the_prefill_token() -> None:
+    # request 0 (K=3): prefill token at step 0, then 1 + 2 accepted, then 1 + 0; request 1 (K=1): 1 + 1
+    log = StepLog([{0: 1}, {0: 3, 1: 1}, {0: 1, 1: 2}])
+    assert log.acceptance({0: 3, 1: 1}, {0: 0, 1: 1}) == (2 + 0 + 1) / (3 + 3 + 1)
+
+
+def test_acceptance_with_the_prefill_token_and_a_verify_in_one_step() -> None:
+    log = StepLog([{0: 3}])  # the prefill's token, then a verify of K=2 emitting 1 accepted + 1, in one step
+    assert log.acceptance({0: 2}, {0: 0}) == 0.5
+
+
+def test_ragged_share_counts_steps_whose_requests_emit_different_counts() -> None:
+    log = StepLog([{0: 1}, {0: 2, 1: 2}, {0: 3, 1: 1}, {0: 1, 1: 1, 2: 4}])
+    assert log.ragged_share() == 2 / 3  # the single-request step is not a batch
+    assert StepLog([{0: 1}, {0: 1, 1: 1}]).ragged_share() == 0.0  # a control: lockstep is not ragged
+
+
+@settings(max_examples=30, deadline=None, database=None)
+@given(workloads(512))
+def test_drawn_workloads_stay_in_bounds_and_round_trip(workload: Workload) -> None:
+    n = len(workload.prompts)
+    assert n == len(workload.limits) == len(workload.ks) == len(workload.arrivals) == len(workload.cancels)
+    assert all(1 <= len(p) <= MAX_PROMPT and min(p) >= 4 for p in workload.prompts)
+    assert all(1 <= k <= MAX_K for k in workload.ks)
+    assert Workload.from_json(workload.to_json()) == workload
+
+
+def test_openvino_reproducer_round_trips_and_asks_for_its_venv(tmp_path: Path) -> None:
+    """An `openvino` reproducer is one envelope kind: its options and workload read back; a file
+    without a workload is refused naming it; replaying outside the OpenVINO venv says which venv."""
+    import importlib.util
+    import json
+
+    from specaudit.adapters.openvino.engine import EngineOptions
+    from specaudit.adapters.openvino.reproducer import reproducer_of
+    from specaudit.artifacts.reproducer import load_reproducer, save
+    from specaudit.commands.replay import replay
+    from specaudit.contracts.engine import ENGINE_RULES
+    from specaudit.contracts.errors import UsageError
+    from specaudit.contracts.violation import Violation
+
+    workload = Workload(((437,), (6,)), (4, 4), (1, 1), (0, 0), (None, None), None)
+    options = EngineOptions("draft", max_num_batched_tokens=2)
+    violation = Violation("contract", "aborted-silent", "found", ENGINE_RULES["aborted-silent"], request=1)
+    run = SimpleNamespace(workload=workload, result=SimpleNamespace(violations=[violation]))
+    path = save(tmp_path, "ov", reproducer_of("draft", options, run, None))
+    read = load_reproducer(path)
+    assert EngineOptions.from_json(read.subject["options"]) == options
+    assert Workload.from_json(read.payload["workload"]) == workload
+    assert read.evidence["rule"] == "aborted-silent"
+    broken = json.loads(path.read_text())
+    broken["payload"] = {}
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    with pytest.raises(UsageError, match="broken.json: OpenVINO reproducer has no workload"):
+        load_reproducer(tmp_path / "broken.json")
+    if importlib.util.find_spec("openvino_genai") is None:
+        with pytest.raises(UsageError, match="OpenVINO venv"):
+            replay(path)
+
+
+class Successor(torch.nn.Module):
+    """A fake target: after token t the top logit (5.0) is t+1 and the runner-up (4.8) t+2, so the
+    greedy oracle counts up, t+2 is a near-tie (gap 0.2) and anything else is 5.0 below the top."""
+
+    def forward(self, ids: torch.Tensor) -> SimpleNamespace:
+        logits = torch.zeros(*ids.shape, 64, dtype=torch.float64)
+        logits.scatter_(2, ((ids + 1) % 64).unsqueeze(2), 5.0)
+        logits.scatter_(2, ((ids + 2) % 64).unsqueeze(2), 4.8)
+        return SimpleNamespace(logits=logits)
+
+
+def test_low_precision_rule_tells_numerics_from_a_wrong_token() -> None:
+    """`precision.judge_at_precision`: a speculative request off the oracle is numerics when it
+    equals the control, departs no earlier than the control, or departs on a near-tie; a token far
+    below the top where the control keeps the oracle's tokens is `beyond-precision-noise`."""
+    from specaudit.adapters.openvino.precision import FLOOR, RULE, judge_at_precision
+
+    prompts = [(1,), (1,), (1,), (1,)]
+    oracle = [2, 3, 4, 5]
+    control = {0: ([2, 4, 5, 6], 1), 1: ([2, 3, 5, 6], 2), 2: (oracle, None), 3: (oracle, None)}
+    diverged = {
+        0: ([2, 4, 5, 6], 1),  # equals the control
+        1: ([2, 3, 4, 6], 3),  # departs after the control does
+        2: ([2, 4, 5, 6], 1),  # departs where the control keeps the oracle's, on a near-tie (0.2)
+        3: ([2, 3, 40, 41], 2),  # departs where the control keeps the oracle's, 5.0 below the top
+    }
+    verdict = judge_at_precision(Successor(), prompts, diverged, control, "test")
+    assert verdict.floor == FLOOR
+    assert set(verdict.numerics) == {0, 1, 2}, verdict.numerics
+    assert verdict.numerics[0] == "equals the control" and verdict.numerics[2].startswith("a near-tie at 1")
+    [violation] = verdict.violations
+    assert (violation.check, violation.rule, violation.request) == ("equivalence", RULE, 3)
+    assert "index 2 with token 40" in violation.found and "keeps the oracle's" in violation.found
+    # a control that departs on a token far from the top is no numerics: equal outputs do not excuse it
+    broken = judge_at_precision(Successor(), prompts, {0: ([30, 31], 0)}, {0: ([30, 31], 0)}, "test")
+    assert [(v.rule, v.request) for v in broken.violations] == [(RULE, 0)] and not broken.numerics
+    assert "control at the same precision departs" in broken.violations[0].found
+
+
+def test_expected_output_with_a_stop_string_cuts_the_oracle_where_its_text_shows_it() -> None:
+    from specaudit.adapters.openvino.stops import RULE, check_stop, expected_with_stop
+
+    def decode(ids: list[int]) -> str:
+        return " ".join(f"w{t}" for t in ids)
+
+    oracle = [216, 479, 161, 421, 316]
+    assert expected_with_stop(decode, oracle, "w479 w161", False) == [216]
+    assert expected_with_stop(decode, oracle, "w479 w161", True) == [216, 479, 161]
+    assert expected_with_stop(decode, oracle, "w31", False) == [216, 479, 161, 421]  # inside a token: cut before it
+    assert expected_with_stop(decode, oracle, "w31", True) == oracle
+    assert expected_with_stop(decode, oracle, "w999", False) is None  # never appears: runs to the limit
+    assert check_stop(decode, oracle, [216], "w479 w161", False, 0) is None
+    kept = check_stop(decode, oracle, [216, 479], "w479 w161", False, 3)  # part of the stop string left in
+    assert kept is not None and (kept.rule, kept.request) == (RULE, 3) and "[216]" in kept.expected
