@@ -213,31 +213,35 @@ def engine_row(e: Entry, width: int, verdict_width: int = 7) -> str:
     subject, first = e["subject"], e["first"] or {}
     ragged = e["events"].get(RAGGED_EVENT)
     return (
-        f"{subject['engine']:<{width}} {subject['model']:<11} {e['runs']:>5} {e['seconds']:>6.1f} "
+        f"{short_name(subject['engine']):<{width}} {subject['model']:<11} {e['runs']:>5} {e['seconds']:>6.1f} "
         f"{fmt(ragged, '.2f'):>6}  {engine_word(e):<{verdict_width}} {first.get('check') or '':<12} "
         f"{first.get('rule') or '':<18} {e['signature'] or '':<17} {fmt(e['minimized_rules'], 'd'):>5}  "
-        f"{'yes' if e['as_expected'] else 'NO':<8}  {coverage_of(e).summary()}"
+        f"{'yes' if e['as_expected'] else 'NO'}"
     )
 
 
 def engine_table(entries: list[Entry], details: Sequence[list[str] | None]) -> str:
     """Engines: runs, time, share of runs with an admission into a ragged batch, the verdict,
     the first broken check, rule and signature, and the length of the minimized rule sequence."""
-    width = max([28, *(len(e["subject"]["engine"]) for e in entries)])
+    width = max([28, *(len(short_name(e["subject"]["engine"])) for e in entries)])
     w = max([7, *(len(engine_word(e)) for e in entries)])
     header = (
         f"{'engine (state machine)':<{width}} {'model':<11} {'runs':>5} {'sec':>6} {'ragged':>6}  "
-        f"{'verdict':<{w}} {'first check':<12} {'rule':<18} {'signature':<17} {'rules':>5}  {'expected':<8}  coverage"
+        f"{'verdict':<{w}} {'first check':<12} {'rule':<18} {'signature':<17} {'rules':>5}  expected"
     )
     lines = [header, "-" * len(header), *(engine_row(e, width, w) for e in entries)]
     lines.append(
         "ragged = share of runs with an admission into a batch with ragged acceptance; "
         "rules = length of the minimized failing rule sequence"
     )
+    coverage = f"{'coverage':<{width}} {'model':<11} what the runs exercised"
+    lines += ["", coverage, "-" * len(coverage)]
+    lines += [f"{short_name(e['subject']['engine']):<{width}} {e['subject']['model']:<11} {coverage_of(e).summary()}"
+              for e in entries]  # fmt: skip
     lines.append(COVERAGE_LEGEND + "; arrivals while others ran, aborts, duplicate prompts, rows reused")
     for e, more in zip(entries, details):
         lines += known_line(e) or (more or [])
-    return "\n".join(lines)
+    return "\n".join(wrapped for line in lines for wrapped in fit(line))
 
 
 def rules_block(e: Entry, rendered: str) -> list[str]:

@@ -56,8 +56,16 @@ def decoder_items(settings: AuditSettings) -> list[Item]:
         budget = max(settings.examples, PLANTED_BUG_EXAMPLES) if expect_failure else settings.examples
         shrink = PLANTED_SHRINK_BUDGET if expect_failure else SHRINK_BUDGET
         items.append(
-            Item(spec, model, expect_failure, budget, settings.seed, known=settings.xfails, shrink_budget=shrink,
-                 strict_efficiency=settings.strict_efficiency)  # fmt: skip
+            Item(
+                spec,
+                model,
+                expect_failure,
+                budget,
+                settings.seed,
+                known=settings.xfails,
+                shrink_budget=shrink,
+                strict_efficiency=settings.strict_efficiency,
+            )
         )
     return items
 
@@ -65,8 +73,15 @@ def decoder_items(settings: AuditSettings) -> list[Item]:
 def gate_decoder_items(settings: GateSettings) -> list[Item]:
     """Every decoder x model, past the known failures, with the search's own shrink budget."""
     return [
-        Item(spec, model, False, settings.examples, settings.seed, known=settings.xfails,
-             strict_efficiency=settings.strict_efficiency)  # fmt: skip
+        Item(
+            spec,
+            model,
+            False,
+            settings.examples,
+            settings.seed,
+            known=settings.xfails,
+            strict_efficiency=settings.strict_efficiency,
+        )
         for spec in settings.decoders
         for model in settings.models
     ]
