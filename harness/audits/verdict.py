@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -109,8 +109,13 @@ not fatal unless --strict-efficiency asks."""
 
 def efficiency_only(violations: Iterable[Violation]) -> bool:
     """Whether these violations are an efficiency finding: some, and every one of an efficiency check."""
-    checks = {v.check for v in violations}
-    return bool(checks) and checks <= EFFICIENCY_CHECKS
+    return cost_checks_only(v.check for v in violations)
+
+
+def cost_checks_only(checks: Iterable[str]) -> bool:
+    """Some checks, every one of them an efficiency check (`EFFICIENCY_CHECKS`)."""
+    names = set(checks)
+    return bool(names) and names <= EFFICIENCY_CHECKS
 
 
 def level_of(failures: Iterable[Iterable[Violation]]) -> str:
@@ -132,22 +137,26 @@ STATUS_RANK = {"n/a": 0, "pass": 1, "xfail": 2, "efficiency": 3, "fail": 4}
 efficiency check's failure reads "efficiency" (`EFFICIENCY_CHECKS`)."""
 
 
+def status_word(check: str, status: str, violations: Sequence[Violation], known: Callable[[Violation], bool]) -> str:
+    """One check's status in the table's words: "pass", "fail", "n/a", "xfail" for a failed check
+    whose violations are all known failures, "efficiency" for a failed efficiency check."""
+    if status == NOT_APPLICABLE:
+        return "n/a"
+    if status == FAIL and violations and all(known(v) for v in violations):
+        return "xfail"
+    return "efficiency" if status == FAIL and check in EFFICIENCY_CHECKS else status
+
+
 def run_statuses(
     evaluation: Evaluation, known: Callable[[Violation], bool], target_calls: int | None = None
 ) -> dict[str, str]:
-    """One run's check statuses in the table's words: "pass", "fail", "n/a", "xfail" for a
-    failed check whose violations are all known failures, "efficiency" for a failed efficiency check.
-    A check judged on every target call reads "n/a", not "pass", on a run whose `target_calls` is 0:
-    it saw nothing to judge."""
+    """One run's check statuses (`status_word`). A check judged on every target call reads "n/a",
+    not "pass", on a run whose `target_calls` is 0: it saw nothing to judge."""
     out = {}
     for outcome in evaluation.outcomes:
-        status = "n/a" if outcome.status == NOT_APPLICABLE else outcome.status
+        status = status_word(outcome.check, outcome.status, outcome.violations, known)
         if target_calls == 0 and status == "pass" and check_named(outcome.check).per_call:
             status = "n/a"
-        if outcome.status == FAIL and all(known(v) for v in outcome.violations):
-            status = "xfail"
-        elif outcome.status == FAIL and outcome.check in EFFICIENCY_CHECKS:
-            status = "efficiency"
         out[outcome.check] = status
     return out
 
@@ -155,21 +164,12 @@ def run_statuses(
 def minimal_case_statuses(
     checks: Iterable[tuple[str, str]], violations: Iterable[Violation], known: Callable[[Violation], bool]
 ) -> dict[str, str]:
-    """A minimal case's check statuses (`Diagnosis.checks`, `.violations`) in `run_statuses`' words:
+    """A minimal case's check statuses (`Diagnosis.checks`, `.violations`) in `status_word`'s words:
     merged into the verdict's, so that its checks table and the minimal case under it say the same
     (the minimal case is re-run to be diagnosed, and the table must count that run too)."""
     violations = list(violations)
-    out = {}
-    for check, status in checks:
-        mine = [v for v in violations if v.check == check]
-        if status == NOT_APPLICABLE:
-            status = "n/a"
-        elif status == FAIL and mine and all(known(v) for v in mine):
-            status = "xfail"
-        elif status == FAIL and check in EFFICIENCY_CHECKS:
-            status = "efficiency"
-        out[check] = status
-    return out
+    return {check: status_word(check, status, [v for v in violations if v.check == check], known)
+            for check, status in checks}  # fmt: skip
 
 
 def merge_statuses(per_run: Iterable[dict[str, str]]) -> dict[str, str]:

@@ -33,6 +33,14 @@ class Observation:
 # Reading one call
 
 
+def input_mask(call: CallRecord) -> torch.Tensor:
+    """Which of the call's current inputs each row attends: the mask the model applied, over its
+    own columns (`fit_mask` of the whole mask, the past's columns left out)."""
+    assert call.input_ids is not None
+    batch, width = call.input_ids.shape
+    return fit_mask(call.attention_mask, batch, call.past_length + width)[:, call.past_length :].bool()  # [B, T]
+
+
 def observe(call: CallRecord, exact: bool) -> Observation:
     """The attended stream of every row: one scatter per tensor, no loop over rows."""
     ids = call.input_ids

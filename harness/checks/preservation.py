@@ -33,10 +33,10 @@ import torch
 
 from specaudit.checks.contract import check_contract
 from specaudit.checks.i2 import row_views
-from specaudit.checks.observe import NO_TOKEN, common_prefixes, draft_between, observe
+from specaudit.checks.observe import NO_TOKEN, common_prefixes, draft_between, input_mask, observe
 from specaudit.checks.rows import RowView
 from specaudit.contracts.violation import Violation
-from specaudit.fixtures.transparent import RequestScript, Script, fit_mask
+from specaudit.fixtures.transparent import RequestScript, Script
 from specaudit.running.instrument import CallRecord
 from specaudit.running.runner import Run
 
@@ -128,11 +128,11 @@ def file_call(call: CallRecord, table: torch.Tensor, lengths: torch.Tensor, afte
     fills that input's whole context (its attended entries at positions 0..n-1). A call that
     kept logits for its last columns only (`logits_to_keep`, as `generate` asks) files those."""
     assert call.input_ids is not None and call.proposals is not None
-    batch, width = call.input_ids.shape
+    width = call.input_ids.shape[1]
     kept = call.proposals.shape[1]  # [B, T'] top-1 of the last T' <= T columns
     obs = observe(call, exact=True)
     held = common_prefixes(obs, table, lengths, exact=True)  # [B, R] leading entries that are r's sequence
-    own = fit_mask(call.attention_mask, batch, call.past_length + width)[:, call.past_length :].bool()  # [B, T]
+    own = input_mask(call)  # [B, T]
     context = (obs.past[:, None] + own.long().cumsum(1))[:, width - kept :]  # [B, T'] entries each input attends
     own = own[:, width - kept :]
     fits = own[:, None, :] & (context[:, None, :] <= held[:, :, None]) & (context[:, None, :] > 0)  # [B, R, T']

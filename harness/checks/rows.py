@@ -55,9 +55,16 @@ import torch
 from specaudit.checks.agreement import common_prefix, equivalence
 from specaudit.checks.cache import cached
 from specaudit.checks.kv import Alternative, KVReader
-from specaudit.checks.observe import NO_TOKEN, UNKNOWN, Observation, common_prefixes, draft_between, observe
+from specaudit.checks.observe import (
+    NO_TOKEN,
+    UNKNOWN,
+    Observation,
+    common_prefixes,
+    draft_between,
+    input_mask,
+    observe,
+)
 from specaudit.fixtures.pairs import is_exact
-from specaudit.fixtures.transparent import fit_mask
 from specaudit.running.instrument import CallRecord
 from specaudit.running.runner import Run
 
@@ -765,10 +772,7 @@ def chosen_tokens(
 
 def attended_inputs(call: CallRecord, row: int) -> list[int]:
     """The input columns row `row` attends, in order (its current entries of the stream)."""
-    assert call.input_ids is not None
-    batch, width = call.input_ids.shape
-    mask = fit_mask(call.attention_mask, batch, call.past_length + width)[row, call.past_length :]
-    return mask.bool().nonzero()[:, 0].tolist()
+    return input_mask(call)[row].nonzero()[:, 0].tolist()
 
 
 def held_histories(

@@ -152,10 +152,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
 
 def efficiency_finding(failure: dict) -> bool:
     """Every violation of the failure is of a check of a design's cost (`audits.verdict.EFFICIENCY_CHECKS`)."""
-    from specaudit.audits.verdict import EFFICIENCY_CHECKS
+    from specaudit.audits.verdict import cost_checks_only
 
-    checks = {v["check"] for v in failure.get("evidence") or []}
-    return bool(checks) and checks <= EFFICIENCY_CHECKS
+    return cost_checks_only(v["check"] for v in failure.get("evidence") or [])
 
 
 def is_engine(failure: dict) -> bool:
