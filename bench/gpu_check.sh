@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU path in one shot: the real-model audit of the reference decoders and three planted
 # bugs, in float16 and bfloat16, on a config-built 12-layer Llama pair (bench/gpu_model.py),
-# then the cost bench; figures under bench/results/gpu/ and a summary.md built from the
-# audits' report.json files (bench/gpu_summary.py). See bench/README.md, "gpu_check.sh".
+# then transformers' continuous batching on the same target judged by the paged checks
+# (bench/gpu_cb.py), then the cost bench; figures under bench/results/gpu/ and a summary.md
+# built from the report.json files (bench/gpu_summary.py). See bench/README.md, "gpu_check.sh".
 #
 #   bash bench/gpu_check.sh                              # on a CUDA machine, from the repo root
 #   bash bench/gpu_check.sh --smoke                      # tiny config on the CPU, results in /tmp (CI)
@@ -14,8 +15,8 @@
 # results are copied into at the end, e.g. "$OUT" on a device machine).
 #
 # Every step runs under `timeout`, cut to what is left of the budget; a failing or timed-out
-# step is recorded in steps.tsv and the script goes on. Exit 0 when every audit run came out as
-# expected (references pass, planted bugs fail), 1 otherwise.
+# step is recorded in steps.tsv and the script goes on. Exit 0 when every audit run and every
+# transformers-cb run came out as expected (references pass, planted bugs fail), 1 otherwise.
 
 set -u
 for arg in "$@"; do
@@ -42,6 +43,8 @@ if [ "$SMOKE" = 1 ]; then
   MODEL_ARGS=(--layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 --draft-layers 1 --init-std 0.2 --head-std 0.6)
   AUDIT_ARGS=(--max-prompts 4 --batch-size 4 --max-new-tokens 12)
   AUDIT_CAP=150
+  CB_DTYPES=(float32 bfloat16)  # bfloat16 on the CPU: the GPU's half-precision judging, end to end
+  CB_CAP=45  # 28 s on two cores under a load of 8, 14 s of it the runs
   COST_RESERVE=90
 else
   DEVICE=cuda
@@ -52,6 +55,8 @@ else
   # device lease; every prompt (25, four batches) took 146-209 s per audit, 4 at once.
   AUDIT_ARGS=(--max-prompts 8 --batch-size 8 --max-new-tokens 64)
   AUDIT_CAP=200
+  CB_DTYPES=(float32 bfloat16 float16)  # float32 first: the one every paged-engine check judges
+  CB_CAP=120
   COST_RESERVE=120
 fi
 DTYPES=(bfloat16 float16)
@@ -72,7 +77,7 @@ export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 export SPECAUDIT_CACHE="$WORK/cache"  # noise floors and the like, never the user's cache
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 
-rm -rf "$RESULTS/audit" "$RESULTS/cost" "$RESULTS/steps.tsv" "$RESULTS/summary.md"
+rm -rf "$RESULTS/audit" "$RESULTS/cb" "$RESULTS/cost" "$RESULTS/steps.tsv" "$RESULTS/summary.md"
 mkdir -p "$RESULTS/audit" || exit 2
 printf 'step\texit\tseconds\ttimeout\n' > "$RESULTS/steps.tsv"
 
@@ -153,7 +158,7 @@ if [ ! -f "$WORK/model/target/config.json" ] || [ ! -f "$WORK/model/draft/config
 fi
 
 # --- 3. the audits: every decoder x dtype, JOBS at a time, each in its own process ---
-AUDIT_END=$((DEADLINE - COST_RESERVE))
+AUDIT_END=$((DEADLINE - COST_RESERVE - CB_CAP))  # what is left after them: the cb step, then the cost bench
 audit() {  # audit DTYPE SPEC
   local dtype=$1 spec=$2 name=${2##*:} max
   max=$(limit "$AUDIT_CAP" $((DEADLINE - AUDIT_END)))
@@ -181,17 +186,24 @@ for spec in ${DECODERS[@]+"${DECODERS[@]}"}; do
 done
 wait
 
-# --- 4. the cost bench on the same device ---
+# --- 4. transformers' continuous batching on the target, judged by the paged checks ---
+mkdir -p "$RESULTS/cb"
+CB_ARGS=()
+for dtype in "${CB_DTYPES[@]}"; do CB_ARGS+=(--dtype "$dtype"); done
+step cb "$(limit "$CB_CAP" "$COST_RESERVE")" "$RESULTS/cb/cb.log" \
+  "$PY" bench/gpu_cb.py --model "$WORK/model/target" --device "$DEVICE" "${CB_ARGS[@]}" --out "$RESULTS/cb"
+
+# --- 5. the cost bench on the same device ---
 mkdir -p "$RESULTS/cost"
 step cost "$(limit 240 0)" "$RESULTS/cost/cost.log" "$PY" bench/cost.py --quick --device "$DEVICE" --out "$RESULTS/cost"
 
-# --- 5. greedy margins and draft agreement of the pair (float32, CPU), if time is left ---
+# --- 6. greedy margins and draft agreement of the pair (float32, CPU), if time is left ---
 if [ -f "$WORK/model/target/config.json" ]; then
   step model-stats "$(limit 60 0)" "$RESULTS/model-stats.log" "$PY" bench/gpu_model.py "$WORK/model" --stats-only
   grep '^gpu_model stats' "$RESULTS/model-stats.log" >> "$RESULTS/model.log" 2>/dev/null
 fi
 
-# --- 6. summary.md from the report.json files ---
+# --- 7. summary.md from the report.json files ---
 LEFT=$((START + BUDGET - $(date +%s) - 3))
 timeout "$((LEFT > 5 ? LEFT : 5))" "$PY" bench/gpu_summary.py "$RESULTS" > "$RESULTS/summary.log" 2>&1
 STATUS=$?

@@ -8,6 +8,11 @@ table row per decoder and dtype: the verdict, row-weighted exact match, ties, th
 check and signature, what was expected and whether the run met it. Nothing is hard-coded but
 the expectation: reference decoders pass, planted bugs fail, except `positions_in_model_dtype`,
 which can only fail where a position reaches past the integers the dtype holds exactly.
+
+The `cb` step (bench/gpu_cb.py: transformers' continuous batching on the same target, judged by
+the paged checks) leaves cb/<dtype>/report.json with its plan: one row per planned item and
+dtype, as expected when an entry point passes and a planted bug fails (at the check and rule
+its catalog names, else "yes, other rule"); a planned item without an entry did not finish.
 """
 
 from __future__ import annotations
@@ -148,6 +153,104 @@ def run_order(o: Outcome) -> tuple[int, str, str]:
     return rank, o.name, o.dtype
 
 
+UNFINISHED = ("timed out", "skipped", "no report")
+CB_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def finished(o: Outcome) -> bool:
+    """Whether the audit wrote its report.json (it may still have failed)."""
+    return not o.verdict.startswith(UNFINISHED)
+
+
+@dataclass(frozen=True)
+class CbOutcome:
+    """One planned item of the `cb` step (bench/gpu_cb.py) in one dtype."""
+
+    item: str
+    dtype: str
+    judging: str
+    verdict: str
+    first_check: str
+    signature: str
+    expected: str
+    met: str
+    engine: str
+    judge: str
+
+
+def cb_expected(plan: dict[str, Any]) -> str:
+    """PASS, or FAIL (check/rule) as the planted bug's catalog names it."""
+    return "PASS" if plan.get("expect") == "PASS" else f"FAIL ({plan.get('check')}/{plan.get('rule')})"
+
+
+def cb_outcome(plan: dict[str, Any], found: dict[str, Any] | None, dtype: str, judging: str, why: str) -> CbOutcome:
+    """A planned item against its entry (None: it did not finish, for `why`)."""
+    expected = cb_expected(plan)
+    if found is None:
+        return CbOutcome(plan["item"], dtype, judging, why, "", "", expected, "no", "", "")
+    first = found.get("first") or {}
+    check = f"{first.get('check')}/{first.get('rule')}" if first else ""
+    verdict = "PASS" if found.get("passed") else "FAIL"
+    if expected.split()[0] != verdict:
+        met = "**no**"
+    else:
+        met = "yes" if expected == "PASS" or expected == f"FAIL ({check})" else "yes, other rule"
+    engine, judge = str(found.get("engine_seconds", "")), str(found.get("judge_seconds", ""))
+    return CbOutcome(plan["item"], dtype, judging, verdict, check, str(found.get("signature") or ""), expected, met,
+                     engine, judge)  # fmt: skip
+
+
+def cb_collect(results: Path, steps: dict[str, tuple[str, str]]) -> list[CbOutcome]:
+    """One CbOutcome per planned item of every cb/<dtype>/report.json; one row saying why when
+    the step ran but left no plan ([] when there was no `cb` step)."""
+    if "cb" not in steps:
+        return []
+    rc = steps["cb"][0]
+    why = "timed out" if rc in ("124", "137") else "skipped" if rc == "-" else f"no result (exit {rc})"
+    out = []
+    order = {dtype: i for i, dtype in enumerate(CB_DTYPES)}  # the step's order: float32 first
+    for path in sorted((results / "cb").glob("*/report.json"), key=lambda p: (order.get(p.parent.name, 9), p)):
+        report = json.loads(path.read_text())
+        dtype, judging = path.parent.name, str(report.get("judging", ""))
+        if report.get("unavailable"):
+            out.append(CbOutcome("all", dtype, judging, f"not run: {report['unavailable']}", "", "", "", "no", "", ""))
+            continue
+        entries = {e["subject"].get("item"): e for e in report.get("entries", []) if isinstance(e, dict)}
+        errors = report.get("errors") or {}
+        for plan in report.get("planned", []):
+            because = f"raised {errors[plan['item']]}" if plan["item"] in errors else why
+            out.append(cb_outcome(plan, entries.get(plan["item"]), dtype, judging, because))
+    return out or [CbOutcome("all", "-", "", why, "", "", "", "no", "", "")]
+
+
+def cb_table(outcomes: list[CbOutcome]) -> list[str]:
+    columns = ("item", "dtype", "judging", "verdict", "first check", "signature", "expected", "as expected")
+    lines = ["| " + " | ".join((*columns, "engine s", "judge s")) + " |", "|" + "---|" * 10]
+    for o in outcomes:
+        cells = (o.item, o.dtype, o.judging, o.verdict, o.first_check, o.signature, o.expected, o.met, o.engine)
+        lines.append("| " + " | ".join(cells) + f" | {o.judge} |")
+    return lines
+
+
+def cb_lines(outcomes: list[CbOutcome], steps: dict[str, tuple[str, str]]) -> list[str]:
+    """The `cb` step's section ([] when there was none)."""
+    if not outcomes:
+        return []
+    met = sum(o.met.startswith("yes") for o in outcomes)
+    done = sum(o.verdict.startswith(("PASS", "FAIL")) for o in outcomes)
+    rc, seconds = steps["cb"]
+    return [
+        "",
+        "## transformers' continuous batching on the target (`bench/gpu_cb.py`)",
+        "",
+        f"{met} of {len(outcomes)} runs as expected (entry points pass, planted bugs fail); {done} finished; "
+        f'step exit {rc} in {seconds} s. Judging "full": every paged-engine check (float32); "exact": the '
+        "paged layout to the bit, without kv-entry, greedy-commit and the output checks (half precision).",
+        "",
+        *cb_table(outcomes),
+    ]
+
+
 def table(outcomes: list[Outcome]) -> list[str]:
     columns = ("decoder", "dtype", "verdict", "exact match", "ties", "first check", "signature", "expected")
     lines = ["| " + " | ".join((*columns, "as expected", "exit", "s")) + " |", "|" + "---|" * 11]
@@ -169,8 +272,10 @@ def cost_lines(cost: Path) -> list[str]:
 
 def render(results: Path) -> str:
     steps = read_steps(results)
-    outcomes = collect(results, steps)
+    outcomes, cb = collect(results, steps), cb_collect(results, steps)
     met = sum(o.met.startswith("yes") for o in outcomes)
+    unfinished = [f"{o.dtype}/{o.name}" for o in outcomes if not finished(o)]
+    cb_done = sum(o.verdict.startswith(("PASS", "FAIL")) for o in cb)
     renamed = sum(o.met == "yes, other signature" for o in outcomes)
     model = (results / "model.log").read_text().strip().splitlines() if (results / "model.log").is_file() else []
     env = (results / "env.log").read_text().strip().splitlines() if (results / "env.log").is_file() else []
@@ -185,15 +290,22 @@ def render(results: Path) -> str:
         f"{renamed} planted bug(s) caught under another check or signature than the catalog records "
         "(`specaudit.reference.mutants`, measured on the built-in models).",
         "",
+        f"Finished: {len(outcomes) - len(unfinished)} of {len(outcomes)} audit runs"
+        + (f" (not: {', '.join(unfinished)})" if unfinished else "")
+        + (f"; {cb_done} of {len(cb)} transformers-cb runs" if cb else "")
+        + ".",
+        "",
         *table(outcomes),
+        *cb_lines(cb, steps),
         "",
         "Other steps (exit status, seconds; 124/137: stopped by its timeout, -: skipped for lack of time):",
         "",
-        *[f"- {step}: exit {rc}, {s} s" for step, (rc, s) in steps.items() if not step.startswith("audit/")],
+        *[f"- {step}: exit {rc}, {s} s" for step, (rc, s) in steps.items() if step != "cb" and "/" not in step],
         *cost_lines(results / "cost"),
         "",
         "Per run: `audit/<dtype>/<decoder>.log` (stdout and stderr), `audit/<dtype>/<decoder>/report.json`, "
-        "reproducers under `audit/<dtype>/<decoder>/repro/`; the cost bench under `cost/`.",
+        "reproducers under `audit/<dtype>/<decoder>/repro/`; transformers-cb under `cb/` (`cb.log`, "
+        "`<dtype>/report.json`); the cost bench under `cost/`.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -207,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     text = render(results)
     (results / "summary.md").write_text(text)
     print(text, end="")
-    outcomes = collect(results, read_steps(results))
-    return 0 if outcomes and all(o.met.startswith("yes") for o in outcomes) else 1
+    steps = read_steps(results)
+    outcomes, cb = collect(results, steps), cb_collect(results, steps)
+    return 0 if outcomes and all(o.met.startswith("yes") for o in [*outcomes, *cb]) else 1
 
 
 if __name__ == "__main__":

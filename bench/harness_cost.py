@@ -1,7 +1,7 @@
 """The harness's own cost per observed target forward, apart from the model's forward (issue 40).
 
     python bench/harness_cost.py [--layers 12 --hidden 256 --ffn 512] [--batch-size 8] [--new-tokens 24]
-                                 [--repeats 5] [--label before] [--out bench/results]
+                                 [--repeats 5] [--label before] [--out bench/results] [--before TREE]
 
 A config-built Llama pair (`bench/gpu_model.py`: `--layers` target layers, a layer-skip draft of
 the first 4) is written to a temporary folder and loaded as the real-model audit loads it. On one
@@ -17,18 +17,28 @@ both runs, so
     harness ratio         = (instrumented - bare + checks) / bare
 
 is the harness's cost apart from the model, per observed target forward and against the bare
-decoder on the same run. The per-forward work (hooks, snapshots, the checks' comparisons) is
+decoder on the same run. The difference of two runs' seconds is noisy on shared cores (the bare
+run alone moves by 10-20%), so the recording is also timed where it runs: the CPU seconds spent
+inside the hooks' `_Watch.record` and `_Watch.finish` (inputs, snapshots, top-1), the `hooks`
+column; the harness ratio is taken with the hooks' figure, `instrumented - bare` is kept beside
+it as a cross-check. The per-forward work (hooks, snapshots, the checks' comparisons) is
 the same on any device; on a GPU the model's forward shrinks and the ratio grows by the factor
 the forward got faster, which is what this table predicts. One noise-floor calibration per model
 and dtype is timed too (`specaudit.numerics.calibration`, shared through the cache by every
 audit of a run). Medians; appends a section labelled `--label` to bench/results/harness_cost.md
 and its figures to harness_cost.json.
+
+`--before TREE` measures another version of the harness in the same invocation, first, with the
+same settings: TREE is a source tree (`git archive <commit> harness | tar -x -C TREE`), and this
+script runs again in a process of its own with TREE/harness imported as `specaudit`. Its rows are
+rendered beside this tree's, one after the other on the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
 import statistics
@@ -61,6 +71,7 @@ from specaudit.contracts.decoder import load_decoder  # noqa: E402
 from specaudit.models.loading import load_pair, read_prompts, special_ids, tokenize  # noqa: E402
 from specaudit.models.pretrained import DEFAULT_PROMPTS  # noqa: E402
 from specaudit.numerics.calibration import calibrate  # noqa: E402
+from specaudit.running.instrument import _Watch  # noqa: E402
 
 DECODER = "specaudit.reference.eqspec:EqSpec"
 RATES = (1.0, 0.25)
@@ -84,25 +95,47 @@ def cpu_seconds(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.process_time() - start
 
 
+class HookClock:
+    """CPU seconds spent inside the recording's hooks, `_Watch.record` and `_Watch.finish` (in
+    whichever harness this process imported): the recording timed where it runs."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        for name in ("record", "finish"):
+            setattr(_Watch, name, self.timed(getattr(_Watch, name)))
+
+    def timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.process_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.process_time() - start
+
+        return call
+
+
 def judge(run: Any) -> list[Any]:
     """I1 and I2 on the run, as the audit checks it."""
     return [*check_i1(run), *check_i2(run)]
 
 
-def measure_rate(case: Any, target: Any, draft: Any, rate: float, repeats: int) -> dict[str, Any]:
+def measure_rate(case: Any, target: Any, draft: Any, rate: float, repeats: int, clock: HookClock) -> dict[str, Any]:
     """Bare decoder, instrumented decoder at I2 rate `rate`, then I1 + I2: interleaved, medians."""
     factory = load_decoder(DECODER)
     oracle, _ = oracle_for(checks_target(target), case)
     warm_up(DECODER, factory, target, draft, case, TIMEOUT_S)
-    bare, audited, checks = [], [], []
+    bare, audited, hooks, checks = [], [], [], []
     run = None
     for _ in range(repeats):
         bare.append(cpu_seconds(lambda: timed_call(DECODER, factory, target, draft, case, TIMEOUT_S))[1])
         sample = make_sampler(0, 0, rate)
         batch = partial(run_batch, DECODER, factory, case, target, draft, sample=sample, sample_rate=rate,
                         baseline=False, oracle=oracle)  # fmt: skip
+        clock.seconds = 0.0
         run, seconds = cpu_seconds(batch)
         audited.append(seconds)
+        hooks.append(clock.seconds)
         violations, seconds = cpu_seconds(partial(judge, run))
         checks.append(seconds)
         assert not violations, f"EQSPEC must pass; the harness found {violations[:2]}"
@@ -113,6 +146,7 @@ def measure_rate(case: Any, target: Any, draft: Any, rate: float, repeats: int) 
         "sampled": run.sampled_calls,
         "bare": statistics.median(bare),
         "recording": statistics.median(a - b for a, b in zip(audited, bare)),
+        "hooks": statistics.median(hooks),
         "checks": statistics.median(checks),
     }
 
@@ -127,14 +161,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     tokens = [t[: args.max_prompt] for t in tokens]
     case = real_case(tokens, num_draft_tokens=4, max_new_tokens=args.new_tokens, eos_token_id=None,
                      pad_token_id=pad, model="bench", dtype=args.dtype)  # fmt: skip
-    out = []
+    out, clock = [], HookClock()
     for rate in RATES:
-        m = measure_rate(case, target, draft, rate, args.repeats)
-        n, harness = m["target_forwards"], m["recording"] + m["checks"]
+        m = measure_rate(case, target, draft, rate, args.repeats, clock)
+        n, harness = m["target_forwards"], m["hooks"] + m["checks"]
         out.append({
             "rate": rate, "target_forwards": n, "sampled": m["sampled"],
             "bare_ms_per_forward": 1e3 * m["bare"] / n,
             "recording_ms_per_forward": 1e3 * m["recording"] / n,
+            "hooks_ms_per_forward": 1e3 * m["hooks"] / n,
             "checks_ms_per_forward": 1e3 * m["checks"] / n,
             "harness_ms_per_forward": 1e3 * harness / n,
             "harness_ratio": harness / m["bare"],
@@ -148,26 +183,45 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {"rows": out, "noise_floor_seconds": floor_seconds}
 
 
+def measure_before(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The same measurement of the harness in `tree` (this script, `tree`/harness imported as
+    `specaudit`), in a process of its own: the figures it stores."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "specaudit").symlink_to(tree.resolve() / "harness", target_is_directory=True)
+        command = [sys.executable, __file__, "--out", tmp, "--label", "before"]
+        for flag in ("layers", "hidden", "ffn", "dtype", "batch_size", "max_prompt", "new_tokens", "repeats"):
+            command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": tmp}, stdout=subprocess.DEVNULL)
+        return json.loads((Path(tmp) / "harness_cost.json").read_text())["before"]
+
+
 def render(label: str, args: argparse.Namespace, result: dict[str, Any]) -> str:
+    before = result.get("before")
     lines = [
         f"## {label}",
         "",
         f"`python bench/harness_cost.py {shlex.join(sys.argv[1:])}`: {args.layers}-layer Llama (hidden {args.hidden}, "
         f"ffn {args.ffn}), {args.dtype}, batch {args.batch_size}, {args.new_tokens} new tokens, K=4, EQSPEC, "
-        f"1 torch thread, CPU seconds, {platform.processor() or platform.machine()}, median of {args.repeats}.",
+        f"1 torch thread, CPU seconds, {platform.processor() or platform.machine()}, median of {args.repeats}"
+        + (f"; `before`: the tree {args.before}, measured first in the same invocation." if before else "."),
         "",
-        "| I2 rate | target forwards | bare ms/forward | recording ms/forward | checks ms/forward | harness ms/forward "
-        "| harness / bare | tok/s bare | tok/s audited |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| harness | I2 rate | target forwards | bare ms/forward | instrumented - bare ms/forward "
+        "| hooks ms/forward | checks ms/forward | harness ms/forward (hooks + checks) | harness / bare "
+        "| tok/s bare | tok/s audited |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['rate']:.2f} | {r['target_forwards']} | {r['bare_ms_per_forward']:.1f} "
-            f"| {r['recording_ms_per_forward']:.1f} | {r['checks_ms_per_forward']:.1f} "
-            f"| {r['harness_ms_per_forward']:.1f} | {r['harness_ratio']:.2f} | {r['bare_tokens_per_second']:.0f} "
-            f"| {r['audited_tokens_per_second']:.0f} |"
-        )
-    lines += ["", f"Noise floor, once per model and dtype: {result['noise_floor_seconds']:.1f} s.", ""]
+    runs = [("before", before), ("this tree", result)] if before else [("this tree", result)]
+    for name, run in runs:
+        for r in run["rows"]:
+            lines.append(
+                f"| {name} | {r['rate']:.2f} | {r['target_forwards']} | {r['bare_ms_per_forward']:.1f} "
+                f"| {r['recording_ms_per_forward']:.1f} | {r['hooks_ms_per_forward']:.1f} "
+                f"| {r['checks_ms_per_forward']:.1f} "
+                f"| {r['harness_ms_per_forward']:.1f} | {r['harness_ratio']:.2f} "
+                f"| {r['bare_tokens_per_second']:.0f} | {r['audited_tokens_per_second']:.0f} |"
+            )
+    floors = ", ".join(f"{run['noise_floor_seconds']:.1f} s ({name})" for name, run in runs)
+    lines += ["", f"Noise floor, once per model and dtype: {floors}.", ""]
     return "\n".join(lines)
 
 
@@ -183,15 +237,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--label", default="measured")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--before", type=Path, help="a source tree measured first, side by side (see above)")
     args = parser.parse_args(argv)
-    result = measure(args)
+    before = measure_before(args.before, args) if args.before else None
+    result = measure(args) | ({"before": before} if before else {})
     args.out.mkdir(parents=True, exist_ok=True)
     md = args.out / "harness_cost.md"
     head = "" if md.exists() else "# The harness's cost per observed target forward (bench/harness_cost.py)\n\n"
     md.write_text((md.read_text() if md.exists() else head) + render(args.label, args, result) + "\n")
     store = args.out / "harness_cost.json"
     data = json.loads(store.read_text()) if store.exists() else {}
-    data[args.label] = {"args": vars(args) | {"out": str(args.out)}, **result}
+    data[args.label] = {
+        "args": vars(args) | {"out": str(args.out), "before": str(args.before) if args.before else None},
+        **result,
+    }
     store.write_text(json.dumps(data, indent=1) + "\n")
     print(render(args.label, args, result))
     return 0

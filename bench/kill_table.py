@@ -20,6 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
+from specaudit.audits.verdict import EFFICIENCY_CHECKS
 from specaudit.checks.diagnosis import diagnose
 from specaudit.reference.mutants import CATALOG
 from specaudit.running.runner import run_case
@@ -55,20 +56,25 @@ def kill(name: str, model: str, seeds: int, max_examples: int, shrink_budget: in
     return row
 
 
+def level(check: str) -> str:
+    """The verdict level a first check reports at (issue 38): a cost check's finding is an efficiency one."""
+    return "efficiency" if check in EFFICIENCY_CHECKS else "correctness"
+
+
 def markdown(rows: list[dict[str, object]]) -> str:
     lines = [
         "| planted bug | model | caught | examples to first failure (median) "
-        "| seconds to first failure (median / slowest) | shrunk rows | first check | signature |",
-        "|---|---|---|---|---|---|---|---|",
+        "| seconds to first failure (median / slowest) | shrunk rows | first check | level | signature |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if not r["caught"]:
-            lines.append(f"| {r['bug']} | {r['model']} | 0/{r['seeds']} | - | - | - | - | - |")
+            lines.append(f"| {r['bug']} | {r['model']} | 0/{r['seeds']} | - | - | - | - | - | - |")
             continue
         lines.append(
             f"| {r['bug']} | {r['model']} | {r['caught']}/{r['seeds']} | {r['examples_median']} | "
             f"{r['seconds_median']} / {r['seconds_slowest']} | {r['shrunk_rows']} | {r['first_check']} | "
-            f"{r['signature']} |"
+            f"{level(str(r['first_check']))} | {r['signature']} |"
         )
     return "\n".join(lines) + "\n"
 

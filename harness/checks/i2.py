@@ -28,13 +28,16 @@ EVIDENCE = ("found_token", "found_position", "expected_token", "expected_positio
 
 def pad_note(fault: Fault, pad: int, prompt: Sequence[int] = ()) -> str:
     """What the found token is when it equals the pad id: a pad; where the request's own prompt holds
-    the pad id at that position (a prompt may hold it as a real token), the slot may be either, and
-    the message says so rather than send the user after padding."""
+    the pad id (a prompt may hold it as a real token), the slot may be that token, at that position or
+    shifted, and the message says so rather than send the user after padding."""
     if fault.found_token != pad:
         return ""
     position = fault.found_position
     if position is not None and 0 <= position < len(prompt) and prompt[position] == pad:
         return " (the pad id, which the request's prompt also holds at that position)"
+    held = [i for i, token in enumerate(prompt) if token == pad]
+    if held:
+        return f" (the pad id, or the request's prompt token at position {held[0]}, which is the pad id too)"
     return " (the pad id)"
 
 

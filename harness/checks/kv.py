@@ -46,6 +46,11 @@ bench/results/overhead.md) the correct decoders reach 1.08x kv_max in bfloat16 a
 float32, while the nearest wrong entry (a neighbouring position's, another request's) is 6.4x
 kv_max away in bfloat16 and 6.8e4x in float32: 3x leaves room on both sides."""
 
+PREFIX_CHUNK = 16
+"""Slots `KVReader.past_prefixes` compares per (row, request) pair at first, doubling while a pair
+still matches: a row is settled against another request at its first differing slot, so of the
+[B, R, M] comparison only about each row's own request's [M] is made (bench/harness_cost.py)."""
+
 
 @dataclass(frozen=True)
 class KVMiss:
@@ -69,10 +74,58 @@ class Alternative:
 
 
 def flat_cache(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype) -> torch.Tensor:
-    """A call's cache snapshot as [B, S, F], one row per slot in `kv_rows` order (K0, V0, K1, ...)."""
-    width = min(int(k.shape[2]) for k, _ in layers)
-    flat = [x[:, :, :width].to(dtype).transpose(1, 2).flatten(2) for kv in layers for x in kv]  # [B, S, H * D]
-    return torch.cat(flat, dim=2)
+    """A call's cache snapshot as [B, S, F], one row per slot in `kv_rows` order (K0, V0, K1, ...),
+    on the snapshot's device. A snapshot recorded as one [B, S, F] block (`running.instrument`)
+    is that block, not a copy (read it, never write it); any other is copied once per layer."""
+    parts = [x for kv in layers for x in kv]  # [B, H, S, D] each
+    width = min(int(x.shape[2]) for x in parts)
+    block = snapshot_block(parts)
+    if block is not None:
+        return block if block.dtype == dtype else block.to(dtype)
+    batch = int(parts[0].shape[0])
+    out = torch.empty(batch, width, sum(int(x.shape[1] * x.shape[3]) for x in parts), dtype=dtype,
+                      device=parts[0].device)  # fmt: skip
+    start = 0
+    for x in parts:
+        heads, dim = int(x.shape[1]), int(x.shape[3])
+        out[:, :, start : start + heads * dim].view(batch, width, heads, dim).copy_(x[:, :, :width].transpose(1, 2))
+        start += heads * dim
+    return out
+
+
+def snapshot_block(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """[B, S, F] the block that `parts` ([B, H, S, D] each, K0, V0, K1, ...) are views of, side by
+    side in order over all of F, or None: layers of one width laid out so, read without a copy."""
+    first = parts[0]
+    batch, width = int(first.shape[0]), int(first.shape[2])
+    features = sum(int(x.shape[1] * x.shape[3]) for x in parts)
+    storage, start = first.untyped_storage(), first.storage_offset()
+    if storage.nbytes() < (start + batch * width * features) * first.element_size():
+        return None
+    at = start
+    for x in parts:
+        heads, dim = int(x.shape[1]), int(x.shape[3])
+        if (
+            x.untyped_storage().data_ptr() != storage.data_ptr()
+            or (x.dtype, x.device, int(x.shape[0]), int(x.shape[2])) != (first.dtype, first.device, batch, width)
+            or x.storage_offset() != at
+            or x.stride() != (width * features, dim, features, 1)
+        ):
+            return None
+        at += heads * dim
+    return first.as_strided((batch, width, features), (width * features, features, 1), start)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What one call's `KVReader.past_prefixes` found, per (row, request): `first_mismatch` of a
+    row against its request reads the same slots of the same snapshot against the same entries."""
+
+    call: int
+    clean: list[list[bool]]  # [B][R] every judged slot within the bound, none past half the noise bound
+    limit: list[list[int]]  # [B][R] slots judged: min(past, len(sequence))
+    slots: list[list[int]]  # [B][W] the attended stream's slots
+    sources: tuple[int, ...]  # [R] id of the source each request's entries came from
 
 
 class KVReader:
@@ -101,8 +154,12 @@ class KVReader:
         self.sources = [(tuple(tokens), kv.to(self.work)) for tokens, kv in sources]
         self.compute = entries
         self.forwards = 0  # batch-size-1 target forwards spent (the oracle's cache spares most)
+        self.compared = 0  # (row, request, slot) triples `past_prefixes` compared (of B x R x M at most)
         self._call: tuple[int, torch.Tensor] | None = None  # the last call read, as [B, S, F]
         self._pad: torch.Tensor | None = None
+        self._stack: tuple[tuple, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # `stacked`
+        self._moved: dict[tuple[int, torch.device], torch.Tensor] = {}  # sources copied to a snapshot's device
+        self._settled: Settled | None = None  # the last `past_prefixes`: pairs `first_mismatch` need not redo
 
     @classmethod
     def of_run(cls, run: Run, sequences: Sequence[tuple[int, ...]]) -> KVReader:
@@ -151,40 +208,112 @@ class KVReader:
         """[B, R] how many leading attended past slots of row b hold request r's batch-size-1
         entries: the past's evidence of which request a row holds (the row binder's, before I2
         judges the bound row). Reads the oracle's kept caches; a diverged request costs one
-        batch-size-1 forward, once."""
+        batch-size-1 forward, once.
+
+        Compared on the snapshot's device, slot by slot as `same_slots` judges, in chunks of
+        `PREFIX_CHUNK` slots doubling: a (row, request) pair leaves at its first differing slot,
+        so the comparisons made are about one request's per row, not every request's."""
         batch, requests = obs.past.shape[0], len(self.sequences)
         width = int(obs.past.max()) if batch else 0
-        out = torch.zeros(batch, requests, dtype=torch.long)
-        if width == 0:
-            return out
+        if width == 0 or requests == 0:
+            return torch.zeros(batch, requests, dtype=torch.long)
         flat = self.flat(call)  # [B, S, F]
-        slots = obs.slots[:, :width].clamp(0, flat.shape[1] - 1)  # [B, M]
-        found = flat.gather(1, slots[..., None].expand(-1, -1, flat.shape[2]))  # [B, M, F]
-        index = torch.arange(width)
-        for r, sequence in enumerate(self.sequences):
-            n = min(width, len(sequence))
-            want = self.reference(sequence, n)[1][:n]  # [n, F]
-            same = self.same_slots(found[:, :n], want)  # [B, n]
-            bad = ~same & (index[None, :n] < obs.past[:, None])
-            first = torch.where(bad.any(1), bad.int().argmax(1), n)
-            out[:, r] = torch.minimum(first, obs.past)
+        device, (_, size, features) = flat.device, flat.shape
+        rows = flat.view(-1, features)  # [B * S, F]: a slot's entry is a row, gathered by index_select
+        slots = obs.slots[:, :width].clamp(0, size - 1).to(device) + size * torch.arange(batch, device=device)[:, None]
+        refs, bounds, offsets, lengths = self.stacked(width, device)  # [N, F], [N], [R], [R]
+        limit = torch.minimum(obs.past.to(device)[:, None], lengths[None, :])  # [B, R] slots judged
+        out = limit.clone()  # a pair with no differing slot holds all it is judged on
+        near = torch.zeros_like(limit, dtype=torch.bool)  # a slot past half the noise bound (`first_mismatch`)
+        pairs = (limit > 0).nonzero()  # [P, 2] (row, request) pairs still matching
+        start, chunk = 0, PREFIX_CHUNK
+        while pairs.shape[0] and start < width:
+            end = min(start + chunk, width)
+            b, r = pairs[:, 0], pairs[:, 1]
+            index = torch.arange(start, end, device=device)  # [c]
+            found = rows.index_select(0, slots[b, start:end].flatten())  # [P * c, F]
+            at = (offsets[r, None] + index).clamp(max=refs.shape[0] - 1).flatten()  # [P * c]
+            distance = found.sub_(refs.index_select(0, at)).abs_().amax(-1).view(-1, end - start)  # [P, c]
+            bound = self.bound if self.bound is not None else bounds[at].view_as(distance)
+            bad = ~(distance <= bound) & (index < limit[b, r, None])  # [P, c], as `same_slots` judges
+            self.compared += int(distance.numel())
+            if self.bound is not None:
+                suspect = ((distance > self.bound / 2) & (index < limit[b, r, None])).any(1)
+                near[b[suspect], r[suspect]] = True
+            hit = bad.any(1)
+            out[b[hit], r[hit]] = bad[hit].int().argmax(1) + start
+            pairs = pairs[~hit & (limit[b, r] > end)]
+            start, chunk = end, 2 * chunk
+        out = out.cpu()
+        clean = ((out == limit.cpu()) & ~near.cpu()).tolist()
+        self._settled = Settled(call.index, clean, limit.cpu().tolist(), obs.slots.tolist(), self._stack[0][1:])
         return out
+
+    def settled(self, call: CallRecord, row: int, slots: Sequence[int], tokens: tuple[int, ...], m: int) -> bool:
+        """Whether the last `past_prefixes` found `slots[:m]` of `row` holding `tokens`' entries,
+        none past half the noise bound, from the source `first_mismatch` reads: then it has
+        nothing to find, and the same comparison is not made twice."""
+        memo = self._settled
+        if memo is None or memo.call != call.index:
+            return False
+        r = next((q for q, sequence in enumerate(self.sequences) if sequence is tokens), None)
+        return (
+            r is not None
+            and memo.clean[row][r]
+            and memo.limit[row][r] == m
+            and memo.sources[r] == id(self.reference(tokens, m)[1])
+            and list(slots[:m]) == memo.slots[row][:m]
+        )
+
+    def stacked(self, width: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """([N, F] the sources every request's first min(width, len) entries come from, joined, on
+        `device`; [N] each entry's fixed tolerance (`fixed_bound`); [R] where each request's
+        reference starts in it; [R] min(width, len)): the references `reference` picks, the same
+        ones as slot-by-slot reading, kept while the picks stay the same."""
+        chosen, lengths = [], []
+        for sequence in self.sequences:
+            n = min(width, len(sequence))
+            chosen.append(self.reference(sequence, n)[1])
+            lengths.append(n)
+        key = (device, *(id(kv) for kv in chosen))  # the sources stay in `self.sources`: their ids are theirs
+        if self._stack is None or self._stack[0] != key:
+            distinct = list({id(kv): kv for kv in chosen}.values())
+            starts, at = {}, 0
+            for kv in distinct:
+                starts[id(kv)], at = at, at + int(kv.shape[0])
+            joined = torch.cat(distinct).to(device)
+            offsets = torch.tensor([starts[id(kv)] for kv in chosen], device=device)
+            self._stack = (key, joined, self.fixed_bound(joined), offsets)
+        _, joined, bounds, offsets = self._stack
+        return joined, bounds, offsets, torch.tensor(lengths, device=device)
+
+    def moved(self, kv: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A source's entries on `device` (a snapshot's): copied once per source, not per call."""
+        if kv.device == device:
+            return kv
+        key = (id(kv), device)
+        if key not in self._moved:
+            self._moved[key] = kv.to(device)
+        return self._moved[key]
 
     def at(self, call: CallRecord, row: int, slots: Sequence[int]) -> torch.Tensor | None:
         """[L, F] the K/V the call left in `slots` of `row` (None: a cache-free call)."""
         if not call.cache_after:
             return None
-        return self.flat(call)[row, torch.tensor(list(slots), dtype=torch.long)]
+        flat = self.flat(call)
+        return flat[row, torch.tensor(list(slots), dtype=torch.long, device=flat.device)]
 
     def holds(self, call: CallRecord, row: int, slots: Sequence[int], tokens: tuple[int, ...]) -> bool:
         """Whether `slots` of `row` hold the batch-size-1 entries of `tokens`, one per slot."""
         found = self.at(call, row, slots)
         if found is None or len(slots) != len(tokens):
             return False
-        return bool(self.same_slots(found[None], self.reference(tokens, len(tokens))[1][: len(tokens)]).all())
+        want = self.moved(self.reference(tokens, len(tokens))[1], found.device)[: len(tokens)]
+        return bool(self.same_slots(found[None], want).all())
 
     def same_slots(self, found: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
-        """[B, n] whether found [B, n, F] holds want [n, F] slot by slot, as `first_mismatch` judges."""
+        """[B, n] whether found [B, n, F] holds want [n, F] (or [B, n, F]) slot by slot, as
+        `first_mismatch` judges."""
         bound = self.bound if self.bound is not None else self.fixed_bound(want)
         return (found - want).abs().amax(-1) <= bound
 
@@ -216,13 +345,13 @@ class KVReader:
         """The first attended past slot (of `slots`, in stream order) that does not hold the
         batch-size-1 entry of `tokens` at its index; slots past the end of `tokens` are not judged."""
         m = min(len(slots), len(tokens))
-        if m == 0:
+        if m == 0 or self.settled(call, row, slots, tokens, m):
             return None
-        _, ref = self.reference(tokens, m)
-        want = ref[:m]  # [m, F]
-        found = self.flat(call)[row, torch.tensor(slots[:m], dtype=torch.long)]  # [m, F]
+        flat = self.flat(call)
+        want = self.moved(self.reference(tokens, m)[1], flat.device)[:m]  # [m, F]
+        found = flat[row].index_select(0, torch.tensor(slots[:m], dtype=torch.long, device=flat.device))  # [m, F]
         distance = (found - want).abs().amax(-1)  # [m]
-        bad = ~self.same_slots(found[None], want)[0]
+        bad = ~(distance <= (self.bound if self.bound is not None else self.fixed_bound(want)))  # as `same_slots`
         suspects: list[int] = []
         if self.bound is not None:
             suspects = ((distance > self.bound / 2) & ~bad).nonzero()[:, 0].tolist()
@@ -282,7 +411,7 @@ class KVReader:
         masked = [s for s in range(min(call.past_length, flat.shape[1])) if s not in attended]
         if masked:  # the row's masked slots: pads, stale entries
             labels += [Alternative(f"masked slot {s} of this row (a pad or a stale entry)") for s in masked]
-            entries.append(flat[row, torch.tensor(masked, dtype=torch.long)])
+            entries.append(flat[row, torch.tensor(masked, dtype=torch.long, device=flat.device)])
         labels.append(Alternative(f"the pad token {self.pad} alone at position 0", self.pad, 0))
         entries.append(self.pad_entry()[None])
-        return labels, torch.cat(entries)
+        return labels, torch.cat([e.to(flat.device) for e in entries])

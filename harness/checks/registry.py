@@ -147,6 +147,7 @@ EVERY_CALL_SEEN = Requirement(
     lambda run: all(c.sampled for c in run.recording.target_calls),
 )
 A_BATCH = Requirement("needs a batch of >= 2 rows", lambda run: run.case.batch_size >= 2)
+A_TARGET_CALL = Requirement("no target call was observed (I1 says why)", lambda run: bool(run.recording.target_calls))
 BUILT_IN_MODEL = Requirement(
     "an external-model batch is not re-run in another order (judged on the built-in models)",
     lambda run: run.case.model in MODELS,
@@ -454,6 +455,7 @@ CHECKS: tuple[Check, ...] = (
         "against a batch-size-1 run's K/V)",
         {DECODER: check_i2, ENGINE: step_i2, SAMPLER: each_run(sampled_i2)},
         i2_signature,
+        needs=(A_TARGET_CALL,),
         per_call=True,
         caches=("rows", "views"),
         rules=frozenset(

@@ -476,7 +476,8 @@ class RowFollower:
         distance = None
         if token == UNKNOWN and r is not None and self.kv is not None:
             want = self.kv.kept(self.sequences[r], 0, compute=True)
-            distance = math.inf if want is None else float((self.kv.flat(call)[b, slot] - want).abs().max())
+            found = self.kv.flat(call)[b, slot]  # [F] on the snapshot's device
+            distance = math.inf if want is None else float((found - want.to(found.device)).abs().max())
         known = token != UNKNOWN
         return Fault(
             rule,

@@ -170,17 +170,17 @@ def write(directory: str, name: str, failure: dict) -> Path:
 
 
 def diagnosed_again(failure: dict) -> tuple[str | None, bool] | None:
-    """A decoder's failing case run once afresh and diagnosed (`first_signature`, the registry's):
+    """A decoder's failing case run once afresh and diagnosed (`first_cause`, the diagnosis's first):
     (its signature, whether it failed again), the signature None when it passed this time (a
     nondeterministic decoder). None when the run or its diagnosis raised: the reproducer is then
     written without a signature, never lost. Made once, as the file is written, not on each
     failing Hypothesis example (`remember_failure` only notes the record)."""
-    from specaudit.checks.registry import first_signature
+    from specaudit.checks.diagnosis import first_cause
     from specaudit.contracts.case import Case
     from specaudit.running.runner import run_case
 
     try:
-        found = first_signature(run_case(failure["decoder"], Case.from_json(failure["case"])))
+        found = first_cause(run_case(failure["decoder"], Case.from_json(failure["case"])))
     except Exception:  # a diagnosis that breaks must not cost the reproducer
         return None
     return (None, False) if found is None else (found[1][0], True)

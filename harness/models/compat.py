@@ -164,8 +164,8 @@ def cache_from_call(args: tuple, kwargs: dict[str, Any]) -> Any:
 
 
 def cache_argument(arguments: dict[str, Any]) -> Any:
-    """The cache among a call's bound arguments, under either name."""
-    for key in ("cache", "past_key_values"):
+    """The cache among a call's bound arguments, under any name (a decoder layer's included)."""
+    for key in ("cache", "past_key_values", "past_key_value", "layer_past"):
         if arguments.get(key) is not None:
             return arguments[key]
     return None

@@ -6,13 +6,24 @@ same way: the models' fingerprints (parameters, buffers, config, mode, hooks) an
 hooks are taken before the subject runs; afterwards whatever changed is named and repaired (hooks
 left behind are removed, a model changed in any other way is evicted from the caches that built
 it, so the next run gets a fresh one), and the change is the contract rule `models-unchanged`.
+
+The warnings a decoder's run raises (`decoder_warnings`) are shown once each per process, placed
+at the decoder's own line that called the model: transformers' deprecation warnings, raised with
+a stack level that lands on the harness's hook wrapper, would otherwise be printed on every run
+of an audit and blamed on specaudit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 
 import torch
+import transformers
 
 from specaudit.contracts.decoder import ContractError
 from specaudit.running.fingerprint import (
@@ -55,3 +66,46 @@ class ModelGuard:
         if not changes:
             return None
         return ContractError("models-unchanged", "; ".join(changes[:6]), expected, {"changes": changes})
+
+
+LIBRARIES = tuple(
+    os.path.dirname(module.__file__) + os.sep for module in (torch, transformers) if module.__file__ is not None
+)
+HARNESS = os.path.dirname(os.path.abspath(__file__)) + os.sep  # specaudit.running: the hooks, the watchdog
+SHOWN: set[tuple[type[Warning], str]] = set()  # (category, message) already shown in this process
+
+Caught = tuple[Warning | str, type[Warning], str, int]  # (message, category, filename, lineno)
+
+
+def caller_outside(frame: FrameType | None, skipped: tuple[str, ...]) -> tuple[str, int] | None:
+    """(filename, lineno) of the innermost frame from `frame` outwards not in `skipped` (nor in the
+    warnings module): the decoder's line that called the model. None if every frame is skipped."""
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if name != os.path.abspath(warnings.__file__) and not name.startswith(skipped):
+            return name, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+@contextmanager
+def decoder_warnings(skipped: tuple[str, ...] = (*LIBRARIES, HARNESS)) -> Iterator[list[Caught]]:
+    """Inside: every warning that passes the filters is held, not printed, at the decoder's line
+    that led to it (`caller_outside` the `skipped` folders: torch, transformers, the hooks); after:
+    each distinct (category, message) not shown before in this process is re-emitted there, once.
+    The filters are left as they are: an 'error' filter still raises in the decoder, an 'ignore'
+    one still hides it. Yields the held warnings, in order."""
+    held: list[Caught] = []
+
+    def hold(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: object) -> None:
+        place = caller_outside(sys._getframe(1), skipped) or (filename, lineno)
+        held.append((message, category, *place))
+
+    with warnings.catch_warnings():
+        warnings.showwarning = hold
+        yield held
+    for message, category, filename, lineno in held:
+        key = (category, str(message))
+        if key not in SHOWN:
+            SHOWN.add(key)
+            warnings.warn_explicit(message, category, filename, lineno)

@@ -32,12 +32,14 @@ from specaudit.contracts.decoder import ContractError
 from specaudit.models.compat import (
     cache_argument,
     cache_layers,
+    cache_length,
     call_arguments,
     filled_layers,
     forward_signature,
     layer_lengths,
     output_cache,
 )
+from specaudit.running.layered import Parts, key_mask, model_parts, position_input
 
 _CALL_ORDER = itertools.count()  # interleaves target and draft calls: round boundaries for the checks
 
@@ -54,7 +56,8 @@ class CallRecord:
     cache_after: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # [B, H, P + T, D]
     sampled: bool = True  # False: I1 only, no snapshot, I2 skipped (bounds the cost on real models)
     seconds: float = 0.0  # wall time of the forward itself
-    entry: str = "model"  # "model": model(...); "base": the base model called directly (a split body and head)
+    entry: str = "model"  # "model": model(...); "base": the base model called directly (a split body and head);
+    # "layers": the model's parts called one by one (`specaudit.running.layered`)
     unsupported: tuple[str, ...] = ()  # inputs the checks cannot judge, e.g. "inputs_embeds instead of input_ids"
     order: int = field(default_factory=lambda: next(_CALL_ORDER))  # order among all calls, target and draft
     proposals: torch.Tensor | None = None  # [B, T] a draft call's top-1 token at every input (draft evidence only)
@@ -113,10 +116,15 @@ class _Watch:
         self.calls = calls
         self.sample = sample
         self.snapshot = snapshot
-        self.depth = 0  # top-level forwards running
+        self.depth = 0  # forwards of the model or its body running (probed)
         self.announced: set[int] = set()  # modules whose pre-hook fired for the forward about to run
         # one per hooked call in progress: the record and the cache passed in (None: nested, not recorded)
         self.open: list[tuple[CallRecord, Any] | None] = []
+        # a forward assembled from the model's parts (`specaudit.running.layered`): what its embedding
+        # and position module were given, its record until the last layer returns, then until the head's
+        self.pending: dict[str, Any] = {}
+        self.layered: tuple[CallRecord, Any] | None = None
+        self.awaiting_head: CallRecord | None = None
 
     def record(self, signature: Any, args: tuple, kwargs: dict[str, Any], entry: str) -> tuple[CallRecord, Any]:
         """Bind the call and keep what the checks read; never raises (a hook must not break the model)."""
@@ -158,6 +166,55 @@ class _Watch:
         record.unsupported = tuple(unsupported)
         return cache
 
+    def outside(self) -> bool:
+        """No call of the model or its body in progress: a part called now is the runner's own call."""
+        return not self.open and self.depth == 0
+
+    def open_layered(self, parts: Parts, arguments: dict[str, Any]) -> None:
+        """Record a forward assembled from `parts` when its first decoder layer is called, from what
+        its embedding and position module were given since the last one and the layer's arguments."""
+        if self.layered is not None:  # the previous one never reached its last layer (it raised)
+            self.finish(*self.layered, None)
+        pending, self.pending = self.pending, {}
+        cache, mask = cache_argument(arguments), arguments.get("attention_mask")
+        ids, positions = pending.get("input_ids"), pending.get("position_ids")
+        unsupported: list[str] = []
+        if ids is None:
+            unsupported.append("a layer-by-layer forward whose token ids were not read (the embedding not called)")
+        if parts.positions is not None and positions is None:
+            name = type(parts.positions).__name__
+            unsupported.append(f"a layer-by-layer forward whose positions were not read ({name} not called)")
+        if cache is None:
+            unsupported.append("a layer-by-layer forward without a cache: its K/V cannot be read")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+            mask, refusal = _key_mask(mask, cache, ids)
+            unsupported += refusal
+        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "cache": cache}
+        record, cache_in = self.record(None, (), inputs, "layers")
+        record.unsupported += tuple(unsupported)
+        if self.role == "target":
+            self.recording.forwards += 1
+        self.layered = (record, cache_in)
+
+    def close_layered(self) -> None:
+        """The last decoder layer returned: the cache holds this forward's K/V."""
+        if self.layered is not None:
+            record, cache_in = self.layered
+            self.layered = None
+            self.finish(record, cache_in, types.SimpleNamespace())
+            self.awaiting_head = record
+
+    def head_output(self, logits: Any) -> None:
+        """The LM head's output [B, T, V] after a layer-by-layer forward: the tokens it chooses."""
+        record, self.awaiting_head = self.awaiting_head, None
+        if record is None:
+            return
+        top1 = _top1(types.SimpleNamespace(logits=logits))
+        if self.role == "target":
+            record.choices = top1
+        elif self.snapshot:
+            record.proposals = top1
+
     def finish(self, record: CallRecord, cache_in: Any, output: Any) -> None:
         if output is None:  # the forward raised: the decoder's error says so
             record.seconds = 0.0
@@ -165,9 +222,8 @@ class _Watch:
         cache = output_cache(output)
         cache = cache if cache is not None else cache_in  # caches are updated in place
         if self.snapshot and record.sampled and cache is not None and not record.unsupported:
-            # snapshots live on the CPU: a GPU model's full cache per call would not fit beside it
             try:
-                record.cache_after = [(_to_cpu(k), _to_cpu(v)) for k, v in filled_layers(cache)]
+                record.cache_after = snapshot(cache)
             except Exception as exc:  # never raise into the decoder's forward
                 record.unsupported += (f"a returned cache the harness cannot read ({type(exc).__name__}: {exc})",)
         if self.role == "draft" and self.snapshot:
@@ -175,6 +231,30 @@ class _Watch:
         record.seconds += time.perf_counter()
         if self.role == "target":  # which committed tokens this forward's logits can have chosen (I2)
             record.choices = _top1(output)
+
+
+def snapshot(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's filled (K, V) [B, H, P, D], copied to the host: a GPU model's full cache per call
+    would not fit beside it. Layers of one shape go side by side into one [B, P, F] block on the
+    model's device, copied to the host once per call (not once per layer), and are kept as views of
+    it, which the checks read without another copy (`checks.kv.flat_cache`)."""
+    parts = [x.detach() for kv in filled_layers(cache) for x in kv]  # K0, V0, K1, ...: [B, H, P, D]
+    if len({(x.dim(), x.shape[0], x.shape[2], x.dtype, x.device) for x in parts}) != 1 or parts[0].dim() != 4:
+        return [(_to_cpu(k), _to_cpu(v)) for k, v in zip(parts[0::2], parts[1::2])]
+    batch, width = parts[0].shape[0], parts[0].shape[2]
+    ends = itertools.accumulate(x.shape[1] * x.shape[3] for x in parts)
+    shapes = [(x.shape[1], x.shape[3], end) for x, end in zip(parts, ends)]
+
+    def columns(block: torch.Tensor) -> list[torch.Tensor]:  # [B, P, H, D] views, one per part
+        return [block[:, :, end - h * d : end].view(batch, width, h, d) for h, d, end in shapes]
+
+    block = parts[0].new_empty(batch, width, shapes[-1][2])  # [B, P, F]
+    for x, column in zip(parts, columns(block)):
+        for h in range(x.shape[1]):  # head by head, [B, P, D]: 1.5x faster than one transposed copy
+            column[:, :, h].copy_(x[:, h])
+    block = block if block.device.type == "cpu" else _to_cpu(block)
+    views = [column.transpose(1, 2) for column in columns(block)]  # [B, H, P, D]
+    return list(zip(views[0::2], views[1::2]))
 
 
 def _top1(output: Any) -> torch.Tensor | None:
@@ -206,6 +286,56 @@ def _hooks(watch: _Watch, module: torch.nn.Module, entry: str) -> list[Any]:
     ]
 
 
+def _key_mask(mask: torch.Tensor, cache: Any, ids: torch.Tensor | None) -> tuple[torch.Tensor | None, list[str]]:
+    """A decoder layer's 4-D mask as its 2-D key mask [B, S], or None and why it cannot be judged."""
+    try:
+        past = cache_length(cache)
+    except Exception:  # an unreadable cache: `record` says so
+        past = 0
+    batch = int(ids.shape[0]) if ids is not None else int(mask.shape[0])
+    reduced = key_mask(mask, past, batch)
+    if reduced is None:
+        return None, [f"a 4-D attention_mask of shape {tuple(mask.shape)} that is not a key mask under the causal rule"]
+    return reduced, []
+
+
+def _layer_hooks(watch: _Watch, parts: Parts) -> list[Any]:
+    """Hooks that record a forward a runner assembles from the model's parts; silent inside a call of
+    the model or its body, which is recorded whole."""
+    layer_signature = forward_signature(parts.first)
+
+    def embed(mod: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if watch.outside():
+            watch.pending["input_ids"] = _clone(args[0] if args else kwargs.get("input"))
+            watch.awaiting_head = None
+
+    def positions(mod: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if watch.outside():
+            watch.pending["position_ids"] = _clone(position_input(parts, args, kwargs))
+
+    def first(mod: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if watch.outside():
+            watch.open_layered(parts, call_arguments(layer_signature, args, kwargs))
+
+    def last(mod: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        if watch.outside():
+            watch.close_layered()
+
+    def head(mod: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        if watch.outside():
+            watch.head_output(output)
+
+    hooks = [
+        parts.embed.register_forward_pre_hook(embed, with_kwargs=True),
+        parts.first.register_forward_pre_hook(first, with_kwargs=True),
+        parts.last.register_forward_hook(last, with_kwargs=True),
+        parts.head.register_forward_hook(head, with_kwargs=True),
+    ]
+    if parts.positions is not None:
+        hooks.append(parts.positions.register_forward_pre_hook(positions, with_kwargs=True))
+    return hooks
+
+
 class _ForwardProbe:
     """Stands in for `module.forward` during the run: counts forwards and notes those that ran
     without their hooks (called as `module.forward(...)`, which skips `module(...)`)."""
@@ -226,9 +356,7 @@ class _ForwardProbe:
                 watch.recording.unobserved.append(
                     f"{self.label}.forward() called directly, bypassing {self.label}(...)"
                 )
-        if not self.top:
-            return self.original(*args, **kwargs)
-        watch.depth += 1
+        watch.depth += 1  # the parts this forward calls are not the runner's own calls
         try:
             return self.original(*args, **kwargs)
         finally:
@@ -278,9 +406,13 @@ def watch_model(
     """Instrument one model; returns the undo steps."""
     watch = _Watch(role, recording, calls, sample, snapshot)
     undo: list[Callable[[], None]] = [h.remove for h in _hooks(watch, model, "model")]
-    base = base_model(model) if probe else None  # nesting is known from the top-level probe
+    body = base_model(model)
+    base = body if probe else None  # nesting is known from the top-level probe
     if base is not None:
         undo += [h.remove for h in _hooks(watch, base[0], "base")]
+    parts = model_parts(model, body[0]) if body is not None else None
+    if parts is not None:
+        undo += [h.remove for h in _layer_hooks(watch, parts)]
     if probe:
         undo.append(_probe(watch, model, role, top=True))
     if base is not None:

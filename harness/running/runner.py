@@ -19,7 +19,7 @@ from specaudit.fixtures.pairs import draft_model, target_model
 from specaudit.fixtures.transparent import RequestScript
 from specaudit.numerics.calibration import NoiseFloor, Witness, judge_divergence
 from specaudit.reference.oracle import OracleResult, greedy_oracle, kv_rows, reference_kv, truncate
-from specaudit.running.guard import ModelGuard
+from specaudit.running.guard import ModelGuard, decoder_warnings
 from specaudit.running.instrument import Recording, breach, every_call, instrument
 from specaudit.running.record import Entry, Record
 from specaudit.running.watchdog import Watchdog, call_decoder, still_running
@@ -336,7 +336,8 @@ def guarded_call(
     then, whether it failed or not, the side-effect guard (hooks left behind are removed, a
     changed built-in model is rebuilt) and, when instrumented, the observation rules
     ('unobserved-forward', 'unsupported-input'). `device` is synchronized around the timed call;
-    `sampling` holds a sampling decoder's keywords (`running.sampling`)."""
+    `sampling` holds a sampling decoder's keywords (`running.sampling`). The warnings the run
+    raises are shown once each, at the decoder's line (`guard.decoder_warnings`)."""
     owner = (spec, factory)  # the decoder, for `still_running`
     busy = still_running(owner)
     if busy is not None:
@@ -361,7 +362,7 @@ def guarded_call(
         synchronize(device)
         start = time.perf_counter()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), decoder_warnings():  # each warning once, at the decoder's line
                 outputs = call_decoder(
                     decoder,
                     target,

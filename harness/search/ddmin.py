@@ -48,8 +48,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from specaudit.checks.diagnosis import Diagnosis, diagnose
-from specaudit.checks.registry import first_signature, violations_in_order
+from specaudit.checks.diagnosis import Diagnosis, diagnose, first_cause
+from specaudit.checks.registry import violations_in_order
 from specaudit.config.settings import DEFAULT_MINIMIZE_BUDGET
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import load_decoder
@@ -293,7 +293,7 @@ class Glancer:
             d = diagnose(run)
             self.target = failure = failure_class(d)
             return Glance(failure, self.counted(d.violations), d)
-        found = first_signature(run, through=self.target[0])
+        found = first_cause(run, through=self.target[0])  # the diagnosis's first: its cause
         if found is None:
             return Glance(None, False, None)
         first, (signature, _) = found

@@ -86,6 +86,19 @@ def test_each_entry_point_passes(entry: str) -> None:
 
 
 @needs_cb
+def test_attention_stays_as_loaded_where_flash_attention_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With flash-attn installed (as on a CUDA machine) transformers would switch the engine to
+    flash attention, which this machine lacks and which has no float32 kernels: the run keeps the
+    attention the model was loaded with."""
+    from transformers.generation.continuous_batching import continuous_api
+
+    monkeypatch.setattr(continuous_api, "is_flash_attn_3_available", lambda **kwargs: False)
+    monkeypatch.setattr(continuous_api, "is_flash_attn_2_available", lambda **kwargs: True)
+    found, verdict = statuses(SMOKE["generate_batch"])
+    assert found == {"contract": "pass", "paged": "pass", "equivalence": "pass", "liveness": "pass"}, verdict.render()
+
+
+@needs_cb
 def test_preemption_and_prefix_sharing_are_followed() -> None:
     """A cache too small for all four requests: transformers preempts (frees and requeues with the
     output as prompt) and recomputes; with prefix sharing it also de-duplicates completed blocks.

@@ -80,3 +80,5 @@ def test_a_prompts_own_token_equal_to_the_pad_id_is_not_called_a_pad() -> None:
     assert "(the pad id)" not in own.found and "prompt also holds" in own.found, own.found
     padded = violation(fault, pad=0, prompts=((5, 7),))
     assert "(the pad id)" in padded.found, padded.found
+    shifted = violation(fault, pad=0, prompts=((5, 0),))  # the prompt's pad-id token, found at another position
+    assert "(the pad id)" not in shifted.found and "prompt token at position 1" in shifted.found, shifted.found

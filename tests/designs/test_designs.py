@@ -90,3 +90,53 @@ def test_builtin_models_are_admitted_by_a_library(model: str) -> None:
     from tests.designs.library_style import admit
 
     admit(transparent_target() if model == "transparent" else build_tiny(model, dtype=torch.float64))
+
+
+def padded_rows(model: str) -> Case:
+    """Two prompts of different lengths: the shorter row is left-padded in every recomputed round."""
+    return Case(
+        model=model,
+        num_draft_tokens=3,
+        max_new_tokens=9,
+        prompts=((5, 6, 7, 8), (9, 10)),
+        accept=("0110", "1011"),
+        **RAGGED,
+    )
+
+
+@pytest.mark.parametrize("model", ["transparent", "llama", "qwen3", "gpt2"])
+def test_layer_by_layer_runner_passes(model: str) -> None:
+    """A runner that calls the embedding, each decoder layer, the norm and the LM head itself is
+    observed below the model's forward and passes every check (the transparent model, which has no
+    layers, it calls whole)."""
+    from specaudit.running.runner import run_case
+
+    run = run_case("tests.designs.layerwise:Layerwise", padded_rows(model))
+    entries = {call.entry for call in run.recording.target_calls}
+    assert entries == ({"model"} if model == "transparent" else {"layers"}), entries
+    failing = {check: status for check, status in registry.evaluate(run).statuses if status != "pass"}
+    assert set(failing) <= {"liveness"}, f"layerwise on {model}: got {failing}, but should pass every check"
+
+
+@pytest.mark.parametrize("model", ["llama", "gpt2"])
+def test_layer_by_layer_runner_with_shifted_positions_is_caught_at_its_slot(model: str) -> None:
+    """The planted runner's left-padded row 1 feeds token 9 at position 2 (its two pad columns
+    counted) in the first forward: I2 names call 0, row 1, slot 2."""
+    from specaudit.running.runner import run_case
+
+    run = run_case("tests.designs.layerwise:LayerwiseUnpaddedPositions", padded_rows(model))
+    first = check_i2(run)[0]
+    assert (first.rule, first.call, first.row, first.slot) == ("position-ids", 0, 1, 2), first.render()
+    assert (first.evidence["found_position"], first.evidence["expected_position"]) == (2, 0), first.evidence
+
+
+def test_a_run_with_no_observed_target_call_is_no_i2_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the layer hooks (the harness before issue 38 item 4) the runner's forwards go unseen:
+    I1 fails 'target-called', and I2, which saw nothing, is not applicable rather than a pass."""
+    import specaudit.running.instrument as instrument
+    from specaudit.running.runner import run_case
+
+    monkeypatch.setattr(instrument, "model_parts", lambda model, base: None)
+    run = run_case("tests.designs.layerwise:Layerwise", padded_rows("llama"))
+    statuses = dict(registry.evaluate(run).statuses)
+    assert (statuses["I1"], statuses["I2"]) == ("fail", "not applicable"), statuses

@@ -37,7 +37,9 @@ Errors = dict[str, str]  # request id -> what went wrong returning it
 
 def cb_config(workload: CbWorkload) -> Any:
     """Synchronous, eager, no CUDA graph, no decode fast path, no CPU offload: the varlen path
-    whose write and read indices the observer reads."""
+    whose write and read indices the observer reads. The model's attention stays as loaded
+    (SDPA, or eager as paged eager): on a CUDA machine with flash-attn installed transformers
+    would otherwise switch to flash attention, which has no float32 kernels."""
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     return ContinuousBatchingConfig(
@@ -50,6 +52,7 @@ def cb_config(workload: CbWorkload) -> Any:
         use_async_batching=False,
         use_cuda_graph=False,
         cpu_offload_space=0.0,
+        auto_switch_to_flash=False,
         seed=0,
     )
 
