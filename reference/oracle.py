@@ -214,10 +214,15 @@ def truncate(
 
 
 @torch.no_grad()
-def reference_kv(target: torch.nn.Module, tokens: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per-layer (K, V) [H, n, D] of a batch-size-1 run over `tokens` at positions 0..n-1."""
+def reference_kv(
+    target: torch.nn.Module, tokens: tuple[int, ...], *, host: bool = True
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-layer (K, V) [H, n, D] of a batch-size-1 run over `tokens` at positions 0..n-1: copied to
+    the host (the paged white boxes compare there), or with `host=False` kept on the model's device
+    for I2, which compares where the snapshots are (`checks.kv`)."""
     device = model_device(target)
     ids = torch.tensor([tokens], device=device)  # [1, n]
     positions = torch.arange(len(tokens), device=device)[None]
     _, cache = call_model(target, ids, torch.ones_like(ids), positions, DynamicCache())
-    return [(k[0].detach().to("cpu", copy=True), v[0].detach().to("cpu", copy=True)) for k, v in cache_layers(cache)]
+    where = "cpu" if host else device
+    return [(k[0].detach().to(where, copy=True), v[0].detach().to(where, copy=True)) for k, v in cache_layers(cache)]

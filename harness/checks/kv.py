@@ -212,7 +212,9 @@ class KVReader:
 
         Compared on the snapshot's device, slot by slot as `same_slots` judges, in chunks of
         `PREFIX_CHUNK` slots doubling: a (row, request) pair leaves at its first differing slot,
-        so the comparisons made are about one request's per row, not every request's."""
+        so the comparisons made are about one request's per row, not every request's. The host
+        waits for the device once per round (the pairs left) and once for the outcome: [B, R]
+        first differing slots, slots judged and clean pairs cross together."""
         batch, requests = obs.past.shape[0], len(self.sequences)
         width = int(obs.past.max()) if batch else 0
         if width == 0 or requests == 0:
@@ -225,28 +227,32 @@ class KVReader:
         limit = torch.minimum(obs.past.to(device)[:, None], lengths[None, :])  # [B, R] slots judged
         out = limit.clone()  # a pair with no differing slot holds all it is judged on
         near = torch.zeros_like(limit, dtype=torch.bool)  # a slot past half the noise bound (`first_mismatch`)
-        pairs = (limit > 0).nonzero()  # [P, 2] (row, request) pairs still matching
+        active = limit > 0  # [B, R] pairs still matching, with slots left to judge
         start, chunk = 0, PREFIX_CHUNK
-        while pairs.shape[0] and start < width:
+        while start < width:
+            pairs = active.nonzero()  # [P, 2] (row, request): the round's one wait for the device
+            if not pairs.shape[0]:
+                break
             end = min(start + chunk, width)
             b, r = pairs[:, 0], pairs[:, 1]
             index = torch.arange(start, end, device=device)  # [c]
+            judged = index < limit[b, r, None]  # [P, c]
             found = rows.index_select(0, slots[b, start:end].flatten())  # [P * c, F]
             at = (offsets[r, None] + index).clamp(max=refs.shape[0] - 1).flatten()  # [P * c]
             distance = found.sub_(refs.index_select(0, at)).abs_().amax(-1).view(-1, end - start)  # [P, c]
             bound = self.bound if self.bound is not None else bounds[at].view_as(distance)
-            bad = ~(distance <= bound) & (index < limit[b, r, None])  # [P, c], as `same_slots` judges
+            bad = ~(distance <= bound) & judged  # [P, c], as `same_slots` judges
             self.compared += int(distance.numel())
             if self.bound is not None:
-                suspect = ((distance > self.bound / 2) & (index < limit[b, r, None])).any(1)
-                near[b[suspect], r[suspect]] = True
-            hit = bad.any(1)
-            out[b[hit], r[hit]] = bad[hit].int().argmax(1) + start
-            pairs = pairs[~hit & (limit[b, r] > end)]
+                near[b, r] |= ((distance > self.bound / 2) & judged).any(1)
+            hit = bad.any(1)  # [P]
+            out[b, r] = torch.where(hit, bad.int().argmax(1) + start, out[b, r])
+            active[b, r] = ~hit & (limit[b, r] > end)
             start, chunk = end, 2 * chunk
-        out = out.cpu()
-        clean = ((out == limit.cpu()) & ~near.cpu()).tolist()
-        self._settled = Settled(call.index, clean, limit.cpu().tolist(), obs.slots.tolist(), self._stack[0][1:])
+        # the call's one crossing to the host: first differing slots, slots judged, clean pairs
+        host = torch.stack([out, limit, (out == limit) & ~near]).cpu()  # [3, B, R]
+        out, limit, clean = host[0], host[1], host[2].bool()
+        self._settled = Settled(call.index, clean.tolist(), limit.tolist(), obs.slots.tolist(), self._stack[0][1:])
         return out
 
     def settled(self, call: CallRecord, row: int, slots: Sequence[int], tokens: tuple[int, ...], m: int) -> bool:
@@ -281,7 +287,7 @@ class KVReader:
             starts, at = {}, 0
             for kv in distinct:
                 starts[id(kv)], at = at, at + int(kv.shape[0])
-            joined = torch.cat(distinct).to(device)
+            joined = torch.cat([self.moved(kv, device) for kv in distinct])  # each source moved once per run
             offsets = torch.tensor([starts[id(kv)] for kv in chosen], device=device)
             self._stack = (key, joined, self.fixed_bound(joined), offsets)
         _, joined, bounds, offsets = self._stack
@@ -352,20 +358,21 @@ class KVReader:
         found = flat[row].index_select(0, torch.tensor(slots[:m], dtype=torch.long, device=flat.device))  # [m, F]
         distance = (found - want).abs().amax(-1)  # [m]
         bad = ~(distance <= (self.bound if self.bound is not None else self.fixed_bound(want)))  # as `same_slots`
-        suspects: list[int] = []
-        if self.bound is not None:
-            suspects = ((distance > self.bound / 2) & ~bad).nonzero()[:, 0].tolist()
-        first = int(bad.int().argmax()) if bool(bad.any()) else m
-        for i in suspects:  # within the bound but maybe nearer to an alternative
+        suspect = (distance > self.bound / 2) & ~bad if self.bound is not None else torch.zeros_like(bad)
+        # the row's one crossing to the host: [3, m] distances (exact in float64), bad and suspect slots
+        host = torch.stack([distance.double(), bad.double(), suspect.double()]).cpu()
+        distances, flags = host[0].tolist(), host[1:].bool()
+        first = int(flags[0].int().argmax()) if bool(flags[0].any()) else m
+        for i in flags[1].nonzero()[:, 0].tolist():  # within the bound but maybe nearer to an alternative
             if i >= first:
                 break
             nearest = self.nearest(call, row, slots, tokens, i, found[i], want[i])
-            if nearest is not None and nearest[1] <= float(distance[i]):
-                return KVMiss(i, float(distance[i]), self.bound, *nearest)
+            if nearest is not None and nearest[1] <= distances[i]:
+                return KVMiss(i, distances[i], self.bound, *nearest)
         if first == m:
             return None
         nearest = self.nearest(call, row, slots, tokens, first, found[first], want[first])
-        return KVMiss(first, float(distance[first]), self.bound, *(nearest or (None, None)))
+        return KVMiss(first, distances[first], self.bound, *(nearest or (None, None)))
 
     def nearest(
         self,

@@ -13,6 +13,7 @@ from dataclasses import replace
 import torch
 
 from specaudit.checks import RowView, row_views
+from specaudit.checks.kv import flat_cache
 from specaudit.checks.liveness import WaitLedger, overdue, settle, unfinished
 from specaudit.contracts.case import Case
 from specaudit.contracts.violation import Violation
@@ -119,14 +120,13 @@ def first_moved_slot(
     replaced, and duplicate prompts at different progress hold the same committed prefix only.
     """
     past = min(now.past_length, then.past_length)
-    if not now.cache_after or not then.cache_after:
+    if not now.cache_after or not then.cache_after or past <= 0:
         return None
-    changed = torch.zeros(past, dtype=torch.bool)
-    for (k, v), (k0, v0) in zip(now.cache_after, then.cache_after):
-        for a, b in ((k[row][:, :past], k0[then_row][:, :past]), (v[row][:, :past], v0[then_row][:, :past])):
-            changed |= ~torch.isclose(a.double(), b.double(), rtol=rtol, atol=atol).all(dim=-1).all(dim=0)
-    hits = changed.nonzero()
-    return int(hits[0]) if hits.numel() else None
+    found = flat_cache(now.cache_after, now.cache_after[0][0].dtype)[row, :past]  # [P, F], on its device
+    kept = flat_cache(then.cache_after, then.cache_after[0][0].dtype)[then_row, :past].to(found.device)
+    changed = ~torch.isclose(found.double(), kept.double(), rtol=rtol, atol=atol).all(dim=-1)  # [P]
+    first = torch.where(changed.any(), changed.int().argmax(), -1)  # one value crosses to the host
+    return None if (slot := int(first)) < 0 else slot
 
 
 def permuted(case: Case, order: list[int]) -> Case:

@@ -8,6 +8,7 @@ Torch-free, like `specaudit.contracts.builtins`: the CLI builds them before anyt
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,30 @@ DEFAULT_JUNIT = Path("specaudit-junit.xml")
 DEFAULT_GATE_OUT = Path("specaudit-out") / "gate"
 DEFAULT_MINIMIZE_OUT = Path("specaudit-out") / "minimized"
 DEFAULT_MINIMIZE_BUDGET = 500
+
+DEVICE_EVIDENCE_ENV = "SPECAUDIT_DEVICE_EVIDENCE_MB"
+DEVICE_EVIDENCE_SHARE = 0.25
+"""Unless `$SPECAUDIT_DEVICE_EVIDENCE_MB` says otherwise, a run keeps its K/V snapshots on an
+accelerator while they fit in this share of the memory free there at its first snapshot, and
+copies the rest to the host. A snapshot is one call's cache, kept for the checks after the
+decoder returns: a quarter of what is free leaves the decoder's own growth (its cache, the
+verification chunks) three times the room the evidence takes. On the CPU a snapshot is in host
+memory already, and the budget applies only when the variable sets one."""
+
+
+def device_evidence_mb(environ: Mapping[str, str]) -> float | None:
+    """`$SPECAUDIT_DEVICE_EVIDENCE_MB` as megabytes (0: every snapshot to the host), None when
+    unset or empty (the default above)."""
+    text = environ.get(DEVICE_EVIDENCE_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{DEVICE_EVIDENCE_ENV} must be a number of megabytes, got {text!r}") from None
+    if not value >= 0:  # NaN too
+        raise UsageError(f"{DEVICE_EVIDENCE_ENV} must be at least 0, got {text!r}")
+    return value
 
 
 def at_least(flag: str, value: int | float, low: int) -> None:

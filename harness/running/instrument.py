@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from typing import Any
 
 import torch
 
+from specaudit.config.settings import DEVICE_EVIDENCE_SHARE, device_evidence_mb
 from specaudit.contracts.decoder import ContractError
 from specaudit.models.compat import (
     cache_argument,
@@ -105,6 +107,68 @@ def _to_cpu(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to("cpu", copy=True)
 
 
+def _to_host(*values: Any) -> list[torch.Tensor | None]:
+    """Host copies of the tensors among `values` (None for the rest), in one copy per device: a
+    call's inputs cross together, their bytes side by side, so the hooks wait for a device once
+    per call for all of them (not once per tensor)."""
+    out: list[torch.Tensor | None] = [None] * len(values)
+    groups: dict[torch.device, list[int]] = {}
+    for i, x in enumerate(values):
+        if isinstance(x, torch.Tensor):
+            groups.setdefault(x.device, []).append(i)
+    for indices in groups.values():
+        if len(indices) == 1:
+            out[indices[0]] = _to_cpu(values[indices[0]])
+            continue
+        flat = [values[i].detach().contiguous().view(-1).view(torch.uint8) for i in indices]  # [n_i x itemsize]
+        host = _to_cpu(torch.cat(flat))  # one crossing
+        for i, piece in zip(indices, host.split([x.numel() for x in flat])):
+            x = values[i]
+            out[i] = piece.clone().view(x.dtype).view(x.shape)  # aligned for its dtype
+    return out
+
+
+class EvidenceBudget:
+    """Which of a run's snapshots stay on the model's device: while the bytes kept there fit the
+    budget (`device_budget`), else the host gets them, as a GPU model's full cache per call
+    would not fit beside it. The checks compare a snapshot on whichever device holds it, so
+    each one kept there is a host copy saved from the decoder's forward, and the comparisons
+    of the checks run there too."""
+
+    def __init__(self) -> None:
+        self.mb = device_evidence_mb(os.environ)  # read as the run starts: a bad value is a usage error
+        self.limit: int | None = None  # bytes; None: no limit (the CPU without a setting)
+        self.resolved = False  # the limit is read at the run's first snapshot, on its device
+        self.kept = 0  # bytes of snapshots kept on a device
+        self.host = 0  # snapshots copied to the host
+
+    def admit(self, parts: list[torch.Tensor]) -> bool:
+        """Whether a snapshot of `parts` (its tensors as they will be kept) may stay where they are."""
+        if not self.resolved:
+            self.limit, self.resolved = device_budget(parts[0].device, self.mb), True
+        size = sum(x.numel() * x.element_size() for x in parts)
+        if self.limit is not None and self.kept + size > self.limit:
+            self.host += 1
+            return False
+        self.kept += size
+        return True
+
+
+def device_budget(device: torch.device, mb: float | None) -> int | None:
+    """Bytes of snapshots a run may keep on `device`: `mb` megabytes when set
+    (`$SPECAUDIT_DEVICE_EVIDENCE_MB`); else on CUDA `DEVICE_EVIDENCE_SHARE` of the memory free
+    there now, on the CPU no limit (a snapshot there is in host memory already), and 0 on a
+    device whose free memory is not read (the host path, as before)."""
+    if mb is not None:
+        return int(mb * 2**20)
+    if device.type == "cpu":
+        return None
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(DEVICE_EVIDENCE_SHARE * free)
+    return 0
+
+
 class _Watch:
     """One instrumented model: its calls, which forwards a hook announced, and nesting."""
 
@@ -116,6 +180,7 @@ class _Watch:
         self.calls = calls
         self.sample = sample
         self.snapshot = snapshot
+        self.evidence = EvidenceBudget()  # which of this model's snapshots stay on its device
         self.depth = 0  # forwards of the model or its body running (probed)
         self.announced: set[int] = set()  # modules whose pre-hook fired for the forward about to run
         # one per hooked call in progress: the record and the cache passed in (None: nested, not recorded)
@@ -160,9 +225,9 @@ class _Watch:
                 record.cache_batch = int(layers[0][0].shape[0]) if layers else None
             except Exception:
                 unsupported.append(f"a cache of type {type(cache).__name__} the harness cannot read")
-        record.input_ids = _clone(input_ids)
-        record.attention_mask = _clone(mask)
-        record.position_ids = _clone(arguments.get("position_ids"))
+        record.input_ids, record.attention_mask, record.position_ids = _to_host(
+            input_ids, mask, arguments.get("position_ids")
+        )
         record.unsupported = tuple(unsupported)
         return cache
 
@@ -207,8 +272,8 @@ class _Watch:
     def head_output(self, logits: Any) -> None:
         """The LM head's output [B, T, V] after a layer-by-layer forward: the tokens it chooses."""
         record, self.awaiting_head = self.awaiting_head, None
-        if record is None:
-            return
+        if record is None or (self.role != "target" and not self.snapshot):
+            return  # no draft evidence kept: the draft's choices are not read
         top1 = _top1(types.SimpleNamespace(logits=logits))
         if self.role == "target":
             record.choices = top1
@@ -223,7 +288,7 @@ class _Watch:
         cache = cache if cache is not None else cache_in  # caches are updated in place
         if self.snapshot and record.sampled and cache is not None and not record.unsupported:
             try:
-                record.cache_after = snapshot(cache)
+                record.cache_after = snapshot(cache, self.evidence)
             except Exception as exc:  # never raise into the decoder's forward
                 record.unsupported += (f"a returned cache the harness cannot read ({type(exc).__name__}: {exc})",)
         if self.role == "draft" and self.snapshot:
@@ -233,13 +298,16 @@ class _Watch:
             record.choices = _top1(output)
 
 
-def snapshot(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every layer's filled (K, V) [B, H, P, D], copied to the host: a GPU model's full cache per call
-    would not fit beside it. Layers of one shape go side by side into one [B, P, F] block on the
-    model's device, copied to the host once per call (not once per layer), and are kept as views of
-    it, which the checks read without another copy (`checks.kv.flat_cache`)."""
+def snapshot(cache: Any, budget: EvidenceBudget | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's filled (K, V) [B, H, P, D], copied: on the model's device while `budget`
+    admits it, else to the host (no budget: the host). Layers of one shape go side by side into
+    one [B, P, F] block on the model's device, which crosses to the host in one copy if it
+    must (not one per layer), and are kept as views of it, which the checks read without
+    another copy (`checks.kv.flat_cache`)."""
     parts = [x.detach() for kv in filled_layers(cache) for x in kv]  # K0, V0, K1, ...: [B, H, P, D]
     if len({(x.dim(), x.shape[0], x.shape[2], x.dtype, x.device) for x in parts}) != 1 or parts[0].dim() != 4:
+        if budget is not None and budget.admit(parts):  # layers of other shapes: a copy each, kept there
+            return [(k.clone(), v.clone()) for k, v in zip(parts[0::2], parts[1::2])]
         return [(_to_cpu(k), _to_cpu(v)) for k, v in zip(parts[0::2], parts[1::2])]
     batch, width = parts[0].shape[0], parts[0].shape[2]
     ends = itertools.accumulate(x.shape[1] * x.shape[3] for x in parts)
@@ -252,7 +320,8 @@ def snapshot(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     for x, column in zip(parts, columns(block)):
         for h in range(x.shape[1]):  # head by head, [B, P, D]: 1.5x faster than one transposed copy
             column[:, :, h].copy_(x[:, h])
-    block = block if block.device.type == "cpu" else _to_cpu(block)
+    if (budget is None or not budget.admit([block])) and block.device.type != "cpu":
+        block = _to_cpu(block)  # the host path: one copy per call
     views = [column.transpose(1, 2) for column in columns(block)]  # [B, H, P, D]
     return list(zip(views[0::2], views[1::2]))
 

@@ -92,7 +92,7 @@ class Run:
     def entries(self, tokens: tuple[int, ...]) -> torch.Tensor:
         """[n, F] the target's batch-size-1 K/V of `tokens` at positions 0..n-1 (I2's reference)."""
         with torch.no_grad():
-            return kv_rows(reference_kv(self.target, tokens))
+            return kv_rows(reference_kv(self.target, tokens, host=False))  # [n, F] on the model's device
 
     @functools.cached_property
     def record(self) -> Record:
