@@ -15,6 +15,7 @@ from specaudit.adapters.vllm_metrics import SpecCounts
 from specaudit.adapters.vllm_server import sampling_size, workaround_env
 from specaudit.artifacts.report import entry, write_report
 from specaudit.config.settings import VllmAuditSettings
+from specaudit.contracts.subjects import VLLM_BLACK_BOX, VLLM_WHITE_BOX
 from specaudit.numerics.fit import ALPHA
 from specaudit.reference.vllm_mutants import BY_NAME, WORKAROUNDS, WORKAROUNDS_ENV
 
@@ -54,6 +55,8 @@ class ConfigurationOutcome:
     wall_s: float = 0.0
     error: str = ""
     coverage: dict[str, Any] | None = None  # the black-box audit's (`checks.coverage`); None: it never ran
+    stop_strings: int = 0  # black-box requests that carried a stop string (`engine_blackbox.with_stops`)
+    ended_at_stop: int = 0  # of those, the ones that ended short of max_tokens (at the stop string)
     whitebox: dict[str, Any] | None = None  # `WhiteBoxResult.to_json()`; None: the white box did not run
     sampling: dict[str, Any] | None = None  # the sampling black box's summary (`sampling_summary`); None: not run
 
@@ -115,7 +118,15 @@ def from_report(report: dict[str, Any]) -> dict[str, Any]:
         "engine_s": float(report["seconds"]),
         "oracle_s": float(report["oracle_seconds"]),
         "coverage": report.get("coverage"),
+        **stop_figures(rows),
     }
+
+
+def stop_figures(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How many requests carried a stop string, and how many of them came back short of `max_tokens`."""
+    stopped = [r for r in rows if r.get("stop") is not None]
+    short = [r for r in stopped if len(r.get("tokens") or ()) < int(r.get("max_new_tokens") or 0)]
+    return {"stop_strings": len(stopped), "ended_at_stop": len(short)}
 
 
 def render_markdown(outcomes: Sequence[ConfigurationOutcome], header: str = "") -> str:
@@ -154,6 +165,8 @@ def notes_of(outcomes: Sequence[ConfigurationOutcome]) -> list[str]:
         if o.whitebox and o.whitebox.get("features"):
             counts = ", ".join(f"{n} {feature}" for feature, n in o.whitebox["features"].items())
             notes.append(f"- **{o.model} / {o.configuration}** white box coverage: {counts}")
+    notes += [f"- **{o.model} / {o.configuration}** black box stop strings: {o.stop_strings} requests carried one, "
+              f"{o.ended_at_stop} ended short of max_tokens" for o in outcomes if o.stop_strings]  # fmt: skip
     notes += [f"- **{o.model} / {o.configuration}**: {o.verdict}" for o in outcomes if not o.passed and not o.error]
     notes += [f"- **{o.model} / {o.configuration}** ERROR: {o.error.splitlines()[0]}" for o in outcomes if o.error]
     for o in outcomes:
@@ -235,13 +248,20 @@ def write_reports(
     entries = []
     for o in outcomes:
         where = {"model": o.model, "configuration": o.configuration}
-        entries.append(entry("vllm configuration", where | {"level": "black box"}, o.passed, None, None, o.to_json()))
+        entries.append(entry(VLLM_BLACK_BOX.report, where | {"level": "black box"}, o.passed, None, None, o.to_json()))
         if o.sampling is not None:
-            entries.append(entry("vllm configuration", where | {"level": "black box, sampling"},
+            entries.append(entry(VLLM_BLACK_BOX.report, where | {"level": "black box, sampling"},
                                  bool(o.sampling_passed), None, None, o.sampling))  # fmt: skip
         if o.whitebox is not None:
             entries.append(
-                entry("vllm white box", where | {"level": "white box"}, bool(o.whitebox_passed), None, None, o.whitebox)
+                entry(
+                    VLLM_WHITE_BOX.report,
+                    where | {"level": "white box"},
+                    bool(o.whitebox_passed),
+                    None,
+                    None,
+                    o.whitebox,
+                )
             )
     write_report(settings.out, "audit-vllm", entries, wall_s=wall_s, vllm=version, settings=asdict(settings))
     return text

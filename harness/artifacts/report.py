@@ -10,7 +10,9 @@ Every entry opens with the same verdict fields, whatever its subject (a decoder 
 model, an engine through the state machine, a real-model batch, a black box, a vLLM server
 configuration), so a reader of any command's report finds what passed, where it first went
 wrong and what it exercised (`coverage`, `specaudit.checks.coverage`) in one place; the figures
-after them are the kind's own. `load_report` reads the files
+after them are the kind's own. An entry's kind is the `report` of a row of
+`specaudit.contracts.subjects.KINDS`, the one table of subject kinds (`subject_kind`); the strings
+are the ones reports were always written with. `load_report` reads the files
 written before the envelope too (a bare list from `audit`, an object with a `plan` from
 `blackbox`).
 """
@@ -22,21 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from specaudit.checks.coverage import UNMEASURED, Coverage
+from specaudit.contracts import subjects
 from specaudit.contracts.errors import UsageError
+from specaudit.contracts.subjects import SubjectKind
 from specaudit.contracts.violation import Violation
 
 REPORT_FORMAT = "specaudit-report"
 REPORT_VERSION = 1
-KINDS = (
-    "decoder",
-    "engine",
-    "real-model batch",
-    "blackbox",
-    "vllm configuration",
-    "vllm white box",
-    "paged engine",
-    "sampling decoder",
-)
+KINDS = subjects.REPORT_KINDS
+"""Every entry kind (`contracts.subjects.KINDS`' `report`)."""
 WHERE = ("call", "row", "slot", "request")
 LEVELS = ("pass", "efficiency", "fail")
 """An entry's verdict levels, least to most serious (`specaudit.audits.verdict.LEVELS`)."""
@@ -106,8 +102,16 @@ def load_report(path: Path) -> dict[str, Any]:
     if isinstance(data, list):  # `audit` and the real-model audit before the envelope
         return report_document("audit", [dict(e, passed=legacy_passed(e)) for e in data])
     if isinstance(data, dict) and "plan" in data:  # `blackbox` before the envelope
-        return report_document("blackbox", [dict(data, kind="blackbox")])
+        return report_document("blackbox", [dict(data, kind=subjects.BLACK_BOX.report)])
     raise UsageError(f"{path}: not a specaudit report.json")
+
+
+def subject_kind(e: dict[str, Any]) -> SubjectKind:
+    """The row of the one table of subject kinds an entry's kind resolves to; UsageError for a kind no row writes."""
+    kind = subjects.by_report(str(e.get("kind")))
+    if kind is None:
+        raise UsageError(f"report entry kind {e.get('kind')!r} is none of {', '.join(KINDS)}")
+    return kind
 
 
 def legacy_passed(old: dict[str, Any]) -> bool:
@@ -116,4 +120,4 @@ def legacy_passed(old: dict[str, Any]) -> bool:
     return bool(diagnosis.get("passed", False)) if isinstance(diagnosis, dict) else diagnosis is None
 
 
-__all__ = ["REPORT_FORMAT", "entry", "load_report", "report_document", "write_report"]
+__all__ = ["REPORT_FORMAT", "entry", "load_report", "report_document", "subject_kind", "write_report"]

@@ -12,8 +12,13 @@ A reproducer `DIR/<name>.json` is one envelope for every kind of failure:
 | engine-ops | engine, built-in model | K, EOS, pad and the rules ("ops") of the engine state machine |
 | blackbox | transport, server or engine, target, served model, dtype | seed, spread, batch cut, EOS, requests |
 | vllm-paged | vLLM model and speculative configuration | the in-process workload |
+| transformers-cb | engine, entry point, model, transformers' version | the workload (`adapters.transformers_cb`) |
 | sampling-case | decoder | the sampling case (`SamplingCase.to_json`: batch, settings, draft, runs, seed) |
 | openvino | configuration, pipeline options, openvino-genai version | the workload (`adapters.openvino`) |
+
+Each kind is the `reproducer` of a row of `specaudit.contracts.subjects.KINDS`, the one table of
+subject kinds; `Reproducer.subject_kind` is that row (replay dispatches on its name). The strings
+are the ones files were always written with, so version 2 files of every kind load as written.
 
 `load_reproducer` reads the envelope and upgrades the four formats written before it (a
 versioned case file, an engine file with "ops", a `"kind": "specaudit-blackbox"` file, a case
@@ -41,10 +46,12 @@ from typing import Any
 
 from specaudit._moved import forward as _forward
 from specaudit.checks.diagnosis import Diagnosis, Finding
+from specaudit.contracts import subjects
 from specaudit.contracts.builtins import MODELS, check_model
 from specaudit.contracts.case import CASE_FORMAT, ENVELOPE_FORMAT, Case, CaseFormatError
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.sampling import SamplingCase
+from specaudit.contracts.subjects import SubjectKind
 from specaudit.contracts.violation import Violation
 
 EVIDENCE_LIMIT = 20
@@ -116,17 +123,22 @@ def write_engine_reproducer(directory: Path, name: str, record: dict[str, Any]) 
 # The envelope: one reproducer of any kind, written, loaded and upgraded here
 
 REPRODUCER_VERSION = 2
-KINDS = {
-    "decoder-case": "a decoder case",
-    "real-model": "a real-model case",
-    "engine-ops": "an engine reproducer",
-    "blackbox": "a black-box reproducer",
-    "vllm-paged": "a vLLM white-box reproducer",
-    "transformers-cb": "a transformers continuous-batching reproducer",
-    "sampling-case": "a sampling decoder's case",
-    "openvino": "an OpenVINO GenAI reproducer",
-}
-"""Each kind of reproducer, and how a message names it."""
+KINDS = {kind.reproducer: kind.noun for kind in subjects.homes() if kind.reproducer is not None}
+"""Each kind of reproducer, and how a message names it (from `contracts.subjects.KINDS`)."""
+
+
+def written(kind: SubjectKind) -> str:
+    """The reproducer kind a subject kind writes."""
+    assert kind.reproducer is not None, kind
+    return kind.reproducer
+
+
+CASE_KIND, REAL_MODEL_KIND, ENGINE_KIND = (
+    written(subjects.DECODER),
+    written(subjects.REAL_MODEL),
+    written(subjects.ENGINE),
+)
+BLACKBOX_KIND, PAGED_KIND = written(subjects.BLACK_BOX), written(subjects.VLLM_WHITE_BOX)
 EXTERNAL = "external:"
 """The model prefix of a case on real models (`specaudit.adapters.realmodel.real_case`)."""
 LEGACY_BLACKBOX = "specaudit-blackbox"
@@ -149,6 +161,17 @@ class Reproducer:
     evidence: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None
     legacy: str | None = None
+
+    def __post_init__(self) -> None:
+        if subjects.by_reproducer(self.kind) is None:  # a writer's kind the table lacks fails where it is written
+            raise ValueError(f"reproducer kind {self.kind!r} is in no row of contracts.subjects.KINDS")
+
+    @property
+    def subject_kind(self) -> SubjectKind:
+        """The row of the one table of subject kinds this reproducer's kind resolves to."""
+        kind = subjects.by_reproducer(self.kind)
+        assert kind is not None, self.kind  # `__post_init__`
+        return kind
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -215,8 +238,9 @@ def decoder_reproducer(failure: dict[str, Any], signature: str | None = None) ->
     target = str(case.get("model", {}).get("target", ""))
     if target.startswith(EXTERNAL):
         subject = {"decoder": failure["decoder"], "target": target[len(EXTERNAL) :], "draft": None, "device": None}
-        return Reproducer("real-model", subject | {"dtype": case["model"].get("dtype")}, {"case": case}, evidence)
-    return Reproducer("decoder-case", {"decoder": failure["decoder"]}, {"case": case}, evidence)
+        subject |= {"dtype": case["model"].get("dtype")}
+        return Reproducer(REAL_MODEL_KIND, subject, {"case": case}, evidence)
+    return Reproducer(CASE_KIND, {"decoder": failure["decoder"]}, {"case": case}, evidence)
 
 
 def write_real_failure(directory: Path, name: str, diagnosis: Diagnosis, *, target: Path, draft: Path,
@@ -227,7 +251,7 @@ def write_real_failure(directory: Path, name: str, diagnosis: Diagnosis, *, targ
     subject = {"decoder": diagnosis.decoder, "target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()),
                "device": device, "dtype": diagnosis.case.dtype}  # fmt: skip
     evidence = violations_evidence(failure["evidence"], diagnosis.signature)
-    return save(directory, name, Reproducer("real-model", subject, {"case": failure["case"]}, evidence))
+    return save(directory, name, Reproducer(REAL_MODEL_KIND, subject, {"case": failure["case"]}, evidence))
 
 
 def engine_reproducer(record: dict[str, Any]) -> Reproducer:
@@ -240,7 +264,7 @@ def engine_reproducer(record: dict[str, Any]) -> Reproducer:
         evidence["signature"] = record["signature"]
     if record.get("diagnosis") is not None:
         evidence["diagnosis"] = record["diagnosis"]
-    return Reproducer("engine-ops", subject, payload, evidence | {"violations": record.get("evidence") or []})
+    return Reproducer(ENGINE_KIND, subject, payload, evidence | {"violations": record.get("evidence") or []})
 
 
 def blackbox_reproducer(plan: dict[str, Any], outcome: dict[str, Any] | None = None) -> Reproducer:
@@ -248,13 +272,13 @@ def blackbox_reproducer(plan: dict[str, Any], outcome: dict[str, Any] | None = N
     the run, its outcome."""
     subject = {key: plan.get(key) for key in BLACKBOX_SUBJECT}
     payload = {key: plan[key] for key in BLACKBOX_PAYLOAD if key in plan}
-    return Reproducer("blackbox", subject, payload, {} if outcome is None else {"outcome": outcome})
+    return Reproducer(BLACKBOX_KIND, subject, payload, {} if outcome is None else {"outcome": outcome})
 
 
 def paged_reproducer(subject: dict[str, Any], payload: dict[str, Any], violations: list[Violation]) -> Reproducer:
     """A vLLM white-box run: the models and speculative method (`subject`), the workload
     (`payload`: tokens per request, prompts, arrival and abort steps) and the paged violations."""
-    return Reproducer("vllm-paged", subject, payload, violations_evidence([asdict(v) for v in violations]))
+    return Reproducer(PAGED_KIND, subject, payload, violations_evidence([asdict(v) for v in violations]))
 
 
 def read_json(path: Path) -> Any:
@@ -293,8 +317,9 @@ def from_envelope(data: dict[str, Any], path: Path) -> Reproducer:
     if data.get("version") != REPRODUCER_VERSION:
         raise UsageError(f"{path}: reproducer version {data.get('version')!r} is not supported (this is "
                          f"{REPRODUCER_VERSION})")  # fmt: skip
-    if data.get("kind") not in KINDS:
-        raise UsageError(f"{path}: reproducer kind {data.get('kind')!r} is none of {', '.join(KINDS)}")
+    if subjects.by_reproducer(str(data.get("kind"))) is None:
+        kinds = ", ".join(subjects.REPRODUCER_KINDS)
+        raise UsageError(f"{path}: reproducer kind {data.get('kind')!r} is none of {kinds}")
     parts = {part: data.get(part, {} if part == "evidence" else None) for part in ("subject", "payload", "evidence")}
     wrong = [part for part, value in parts.items() if not isinstance(value, dict)]
     if wrong:
@@ -303,26 +328,62 @@ def from_envelope(data: dict[str, Any], path: Path) -> Reproducer:
 
 
 def validate(reproducer: Reproducer) -> Reproducer:
-    """The reproducer, if its payload can be run; else a UsageError saying what is wrong where."""
-    if reproducer.kind in ("decoder-case", "real-model"):
-        reproducer.case  # noqa: B018 (parsed for its errors)
-    elif reproducer.kind == "engine-ops":
-        check_engine_rules(reproducer.engine_rules(), reproducer.where)
-    elif reproducer.kind == "vllm-paged":
-        missing = [key for key in (*PAGED_PAYLOAD, "model") if key not in {**reproducer.payload, **reproducer.subject}]
-        if missing:
-            raise UsageError(f"{reproducer.where}: vLLM white-box reproducer lacks {', '.join(missing)}")
-    elif reproducer.kind == "sampling-case":
-        reproducer.sampling_case  # noqa: B018 (parsed for its errors)
-    elif reproducer.kind == "transformers-cb":
-        if not isinstance((reproducer.payload.get("workload") or {}).get("requests"), list):
-            raise UsageError(f"{reproducer.where}: transformers-cb reproducer has no workload with requests")
-    elif reproducer.kind == "openvino":
-        if not isinstance((reproducer.payload.get("workload") or {}).get("prompts"), list):
-            raise UsageError(f"{reproducer.where}: OpenVINO reproducer has no workload with prompts")
-    elif not isinstance(reproducer.payload.get("requests"), list):
-        raise UsageError(f"{reproducer.where}: black-box reproducer has no list of requests")
+    """The reproducer, if its payload can be run; else a UsageError saying what is wrong where: its
+    kind's own check where it has one, then the keys its row says a payload holds."""
+    kind = reproducer.subject_kind
+    if kind.name in PAYLOAD_CHECKS:
+        PAYLOAD_CHECKS[kind.name](reproducer)
+    missing = [key for key in kind.payload if key not in reproducer.payload]
+    if missing:
+        raise UsageError(f"{reproducer.where}: {kind.noun} (kind {reproducer.kind}) lacks {', '.join(missing)}")
     return reproducer
+
+
+def check_case(reproducer: Reproducer) -> None:
+    reproducer.case  # noqa: B018 (parsed for its errors)
+
+
+def check_engine_ops(reproducer: Reproducer) -> None:
+    check_engine_rules(reproducer.engine_rules(), reproducer.where)
+
+
+def check_blackbox(reproducer: Reproducer) -> None:
+    if not isinstance(reproducer.payload.get("requests"), list):
+        raise UsageError(f"{reproducer.where}: black-box reproducer has no list of requests")
+
+
+def check_vllm_paged(reproducer: Reproducer) -> None:
+    missing = [key for key in (*PAGED_PAYLOAD, "model") if key not in {**reproducer.payload, **reproducer.subject}]
+    if missing:
+        raise UsageError(f"{reproducer.where}: vLLM white-box reproducer lacks {', '.join(missing)}")
+
+
+def check_transformers_cb(reproducer: Reproducer) -> None:
+    if not isinstance((reproducer.payload.get("workload") or {}).get("requests"), list):
+        raise UsageError(f"{reproducer.where}: transformers-cb reproducer has no workload with requests")
+
+
+def check_sampling_case(reproducer: Reproducer) -> None:
+    reproducer.sampling_case  # noqa: B018 (parsed for its errors)
+
+
+def check_openvino(reproducer: Reproducer) -> None:
+    if not isinstance((reproducer.payload.get("workload") or {}).get("prompts"), list):
+        raise UsageError(f"{reproducer.where}: OpenVINO reproducer has no workload with prompts")
+
+
+PAYLOAD_CHECKS = {
+    subjects.DECODER.name: check_case,
+    subjects.REAL_MODEL.name: check_case,
+    subjects.ENGINE.name: check_engine_ops,
+    subjects.BLACK_BOX.name: check_blackbox,
+    subjects.VLLM_WHITE_BOX.name: check_vllm_paged,
+    subjects.TRANSFORMERS_CB.name: check_transformers_cb,
+    subjects.SAMPLING_DECODER.name: check_sampling_case,
+    subjects.OPENVINO.name: check_openvino,
+}
+"""What a payload needs beyond its row's keys (`contracts.subjects.SubjectKind.payload`), per
+subject kind whose payload is parsed or typed; UsageError naming the file otherwise."""
 
 
 def check_engine_rules(rules: dict[str, Any], where: str) -> None:
@@ -356,8 +417,8 @@ def load_reproducer(path: Path, *, check: bool = True) -> Reproducer:
 def load_case(path: Path) -> Case:
     """The case of a decoder-case reproducer (or a plain case file) on the built-in models."""
     reproducer = load_reproducer(path)
-    if reproducer.kind not in ("decoder-case", "real-model"):
-        raise UsageError(f"{path} is {KINDS[reproducer.kind]} (kind {reproducer.kind}), not a case file")
+    if reproducer.kind not in (CASE_KIND, REAL_MODEL_KIND):
+        raise UsageError(f"{path} is {reproducer.subject_kind.noun} (kind {reproducer.kind}), not a case file")
     case = reproducer.case
     try:
         check_model(case.model, case.draft, case.dtype)
@@ -370,7 +431,7 @@ def is_engine_reproducer(path: Path) -> bool:
     """Whether `path` reads as an engine-ops reproducer (an unreadable file is left to the case
     loader's own message)."""
     try:
-        return load_reproducer(path, check=False).kind == "engine-ops"
+        return load_reproducer(path, check=False).kind == ENGINE_KIND
     except UsageError:
         return False
 
@@ -378,8 +439,8 @@ def is_engine_reproducer(path: Path) -> bool:
 def load_engine_reproducer(path: Path, engine: str | None = None) -> dict[str, Any]:
     """An engine-ops reproducer's rules, checked field by field; `engine` replaces the engine it names."""
     reproducer = load_reproducer(path, check=False)
-    if reproducer.kind != "engine-ops":
-        raise UsageError(f"{path} is {KINDS[reproducer.kind]} (kind {reproducer.kind}), not an engine reproducer")
+    if reproducer.kind != ENGINE_KIND:
+        raise UsageError(f"{path} is {reproducer.subject_kind.noun} (kind {reproducer.kind}), not an engine reproducer")
     rules = reproducer.engine_rules()
     check_engine_rules(rules, str(path))
     return dict(rules, engine=engine or rules["engine"])

@@ -34,6 +34,7 @@ from specaudit.checks.diagnosis import Diagnosis, Finding, diagnose
 from specaudit.checks.registry import evaluate
 from specaudit.config.settings import AuditSettings
 from specaudit.config.xfails import KnownFailures
+from specaudit.contracts import subjects
 from specaudit.contracts.builtins import DEFAULT_DECODERS
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import load_decoder
@@ -46,6 +47,8 @@ from specaudit.search.driver import MINIMIZE_BUDGET, SHRINK_BUDGET, search
 PLANTED_BUG_EXAMPLES = 300
 """Search budget for a planted bug: the search stops at its first failure, so this is a bound."""
 
+REPORT_KIND = str(subjects.DECODER.report)
+"""The kind of a decoder's report entry (`contracts.subjects.DECODER`)."""
 PLANTED_SHRINK_BUDGET = 30
 """Hypothesis shrink runs for a planted bug (a decoder under test gets the search's 150). Its
 shrinker costs far more than the runs on the long cases some bugs are first caught on; with
@@ -62,7 +65,7 @@ class DecoderVerdict:
     """One decoder on one model: what ran, each check's status and, on a failure that is not
     a known one, the diagnosis of its minimal case."""
 
-    kind: ClassVar[str] = "decoder"
+    kind: ClassVar[str] = subjects.DECODER.name
 
     decoder: str
     model: str
@@ -167,7 +170,7 @@ class DecoderVerdict:
     def report_entry(self) -> dict[str, Any]:
         f, subject = self.finding, {"decoder": self.decoder, "model": self.model}
         first, signature = (f.first, f.signature) if f else (None, None)
-        return entry("decoder", subject, self.passed, first, signature, self.to_json(), self.coverage, self.level)
+        return entry(REPORT_KIND, subject, self.passed, first, signature, self.to_json(), self.coverage, self.level)
 
     def diagnoses(self) -> list[Diagnosis]:
         """Every distinct failure found, the first first ([] when it passed)."""

@@ -20,12 +20,15 @@ from specaudit.audits.regression import write_engine_failure
 from specaudit.checks.diagnosis import Finding
 from specaudit.config.settings import AuditSettings
 from specaudit.config.xfails import KnownFailures
+from specaudit.contracts import subjects
 from specaudit.contracts.violation import Violation, render
 from specaudit.reference.engine_mutants import ENGINE_CATALOG
 from specaudit.search.ddmin import MinimizedOps, ReproducerPasses, minimize_ops
 from specaudit.search.engine_machine import DEFAULT_ENGINES, MachineRun, run_machine
 from specaudit.search.engine_replay import diagnose_engine
 
+REPORT_KIND = str(subjects.ENGINE.report)
+"""The kind of an engine's report entry (`contracts.subjects.ENGINE`)."""
 ENGINE_STEPS = 12
 """Rules per generated run of the engine state machine (the conformance suite's)."""
 
@@ -40,7 +43,7 @@ ENGINE_MINIMIZE_BUDGET = 200
 class EngineVerdict:
     """One engine through the state machine: the run, and its failure's rules delta-debugged."""
 
-    kind: ClassVar[str] = "engine"
+    kind: ClassVar[str] = subjects.ENGINE.name
 
     engine: str
     run: MachineRun
@@ -78,7 +81,7 @@ class EngineVerdict:
     def to_json(self) -> dict[str, Any]:
         first = self.violations[0] if self.violations else None
         return {
-            "kind": "engine",
+            "kind": REPORT_KIND,
             "engine": self.engine,
             "model": self.model,
             "expect_failure": self.expect_failure,
@@ -106,7 +109,7 @@ class EngineVerdict:
     def report_entry(self) -> dict[str, Any]:
         f, subject = self.finding, {"engine": self.engine, "model": self.model}
         first, signature = (f.first, f.signature) if f else (None, None)
-        return entry("engine", subject, self.passed, first, signature, self.to_json(), self.run.coverage)
+        return entry(REPORT_KIND, subject, self.passed, first, signature, self.to_json(), self.run.coverage)
 
     def details(self) -> list[str]:
         """An unexpected failure's minimal rule sequence: its violations and its rules."""

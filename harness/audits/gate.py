@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from specaudit.artifacts.junit import Failure, Testcase, junit_document, write_junit
-from specaudit.artifacts.report import write_report
+from specaudit.artifacts.report import subject_kind, write_report
 from specaudit.artifacts.reproducer import identifier
 from specaudit.audits.decoders import DecoderVerdict, failure_name
 from specaudit.audits.engines import EngineVerdict
@@ -64,10 +64,11 @@ from specaudit.audits.plan import SUBJECTS, Item, forget_report, run_items, shar
 from specaudit.audits.verdict import Verdict
 from specaudit.checks.diagnosis import Diagnosis
 from specaudit.config.settings import GateSettings
+from specaudit.contracts import subjects
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import render
 
-SUMMARIES = {"decoder": "shrunk by Hypothesis in specaudit gate"}
+SUMMARIES = {subjects.DECODER.name: "shrunk by Hypothesis in specaudit gate"}
 """What the regression tests the gate writes say of their case, per kind (else `SUMMARY`)."""
 SUMMARY = "shrunk in specaudit gate"
 
@@ -183,7 +184,7 @@ def testcase(j: Judged, reproducers: list[Path]) -> Testcase:
     or its xfail when only known failures, and its reproducers."""
     e = j.entry
     spec, model = e["subject"][e["kind"]], e["subject"]["model"]
-    name = model if e["kind"] == "decoder" else f"engine-machine[{model}]"
+    name = model if subject_kind(e) is subjects.DECODER else f"engine-machine[{model}]"
     xfail = "known failures: " + ", ".join(f"{check} {rule}" for check, rule in j.known) if j.known else None
     return Testcase(
         f"specaudit.{spec}", name, e["seconds"], properties(j.verdict, e), j.failure, xfail, tuple(reproducers),
@@ -206,7 +207,7 @@ def further_testcase(j: Judged, index: int, failure: Failure, reproducers: list[
     assert isinstance(v, DecoderVerdict), v
     spec, model = e["subject"]["decoder"], e["subject"]["model"]
     d = v.failures[index - 1]
-    fields = {"kind": "decoder", "decoder": spec, "model": model, "failure": str(index),
+    fields = {"kind": str(subjects.DECODER.report), "decoder": spec, "model": model, "failure": str(index),
               "first_check": d.first_check or "", "rule": d.first.rule if d.first else "",
               "signature": d.signature or "", "verdict": d.verdict}  # fmt: skip
     stem = identifier(failure_name(v, index - 1))

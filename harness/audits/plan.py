@@ -7,8 +7,10 @@ before anything runs), how to run one item to a `Verdict`, how its table is rend
 an item costs. The audit and the gate read `SUBJECTS` and nothing else of a kind.
 
 Adding a subject kind (a paged engine such as transformers' continuous batching: a driver in
-`specaudit.adapters` that returns report entries) is one more `SubjectDriver` appended to
-`SUBJECTS` here: its plan functions (items with `Item.kind` set to its name), its `run` returning
+`specaudit.adapters` that returns report entries) is its row in `specaudit.contracts.subjects.KINDS`
+(the one table of subject kinds; a driver whose kind is no row's name fails when it is made)
+naming its `SubjectDriver` (`driver`), which `SUBJECTS` here then holds: its plan functions
+(items with `Item.kind` set to its row's name), its `run` returning
 a `Verdict` (`specaudit.audits.verdict`; a driver that returns report entries wraps each in an
 `EntryVerdict`), and its table (`specaudit.artifacts.tables.entries_table` renders any kind's
 entries). The worker pool, the progress lines, the tables' order, report.json and the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,13 +34,12 @@ from specaudit.audits.decoders import (
     format_table,
 )
 from specaudit.audits.engines import PLANTED_ENGINE_EXAMPLES, audit_engine, engine_plan, format_engine_table
-from specaudit.audits.sampling import SAMPLING
 from specaudit.audits.subject import Item, SubjectDriver
-from specaudit.audits.transformers_cb import TRANSFORMERS_CB
 from specaudit.audits.verdict import Progress, Verdict
 from specaudit.config.settings import AuditSettings, GateSettings
 from specaudit.config.shards import Shard, cell_ids
 from specaudit.config.xfails import KnownFailures
+from specaudit.contracts import subjects
 from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.engine import load_engine
 from specaudit.contracts.errors import UsageError
@@ -106,26 +108,28 @@ def decoder_headline(items: list[Item]) -> str:
 
 
 DECODERS = SubjectDriver(
-    "decoder", decoder_items, gate_decoder_items, load_decoder, run_decoder, format_table, decoder_headline
+    subjects.DECODER.name, decoder_items, gate_decoder_items, load_decoder, run_decoder, format_table, decoder_headline
 )
 
 
 # ---------------------------------------------------------------------------------------
 # Engines through the state machine
 
+ENGINE_KIND = subjects.ENGINE.name
+
 
 def engine_items(settings: AuditSettings) -> list[Item]:
     items = []
     for spec, expect_failure, model in engine_plan(settings):
         budget = max(settings.examples, PLANTED_ENGINE_EXAMPLES) if expect_failure else settings.examples
-        items.append(Item(spec, model, expect_failure, budget, settings.seed, kind="engine"))
+        items.append(Item(spec, model, expect_failure, budget, settings.seed, kind=ENGINE_KIND))
     return items
 
 
 def gate_engine_items(settings: GateSettings) -> list[Item]:
     """Every engine x model through the state machine (Hypothesis shrinking on)."""
     return [
-        Item(spec, model, False, settings.examples, settings.seed, kind="engine")
+        Item(spec, model, False, settings.examples, settings.seed, kind=ENGINE_KIND)
         for spec in settings.engines
         for model in settings.models
     ]
@@ -144,13 +148,29 @@ def engine_headline(items: list[Item]) -> str:
 
 
 ENGINES = SubjectDriver(
-    "engine", engine_items, gate_engine_items, load_engine, run_engine, format_engine_table, engine_headline, 0.1
+    ENGINE_KIND, engine_items, gate_engine_items, load_engine, run_engine, format_engine_table, engine_headline, 0.1
 )
 
 
-SUBJECTS: list[SubjectDriver] = [DECODERS, ENGINES, TRANSFORMERS_CB, SAMPLING]
-"""Every subject kind the audit and the gate run, in plan (and table) order. A new kind is one
-more driver here (see the module docstring)."""
+def drivers() -> list[SubjectDriver]:
+    """The driver each row of `contracts.subjects.KINDS` names (`driver`), in table order; a driver
+    of another kind than its row's is an import error."""
+    found = []
+    for kind in subjects.KINDS:
+        if kind.driver is not None:
+            module, _, name = kind.driver.partition(":")
+            made = getattr(importlib.import_module(module), name)
+            if made.kind != kind.name:
+                raise ValueError(
+                    f"contracts.subjects row {kind.name!r} names {kind.driver}, a driver of kind {made.kind!r}"
+                )
+            found.append(made)
+    return found
+
+
+SUBJECTS: list[SubjectDriver] = drivers()
+"""Every subject kind the audit and the gate run, in plan (and table) order: the drivers the rows
+of the one table name (see the module docstring)."""
 
 
 def driver(kind: str) -> SubjectDriver:

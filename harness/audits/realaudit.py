@@ -34,6 +34,7 @@ from specaudit.checks.cache import peek
 from specaudit.checks.coverage import coverage_of_run, merged
 from specaudit.checks.diagnosis import Diagnosis, diagnose
 from specaudit.config.settings import RealAuditSettings
+from specaudit.contracts import subjects
 from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.violation import render
 from specaudit.models.loading import load_pair, read_prompts, special_ids, tokenize
@@ -44,6 +45,8 @@ from specaudit.numerics.tolerance import DTYPES
 from specaudit.reference.batched import BatchedGreedy
 from specaudit.running.runner import run_case
 
+REPORT_KIND = str(subjects.REAL_MODEL.report)
+"""The kind of a real-model batch's report entry (`contracts.subjects.REAL_MODEL`)."""
 CONTROL = "specaudit.reference.batched:BatchedGreedy"
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -186,7 +189,7 @@ def batch_report(run: RealRun, diagnosis: Diagnosis, checks: dict[str, str], rep
     and what the batch exercised."""
     subject = {"decoder": run.decoder, "model": run.case.model, "draft": run.case.draft, "batch": run.batch}
     coverage = coverage_of_run(run)
-    return entry("real-model batch", subject, diagnosis.passed, diagnosis.first, diagnosis.signature, {
+    return entry(REPORT_KIND, subject, diagnosis.passed, diagnosis.first, diagnosis.signature, {
         "decoder": run.decoder,
         "batch": run.batch,
         "diagnosis": diagnosis.to_json(),

@@ -25,6 +25,7 @@ from specaudit.checks.coverage import Coverage, coverage_of_runs
 from specaudit.checks.distribution import fits
 from specaudit.checks.registry import DECODER, SAMPLER, check_named, decided, order_for
 from specaudit.config.settings import AuditSettings, GateSettings
+from specaudit.contracts import subjects
 from specaudit.contracts.decoder import load_decoder
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.sampling import declares_sampling
@@ -32,7 +33,8 @@ from specaudit.numerics.fit import ALPHA, POWER
 from specaudit.running.sampling import SampledRun
 from specaudit.search.sampling import FailureClass, SamplingFound, SamplingSearch, search_sampling
 
-KIND = SAMPLER
+KIND = subjects.SAMPLING_DECODER.name
+REPORT_KIND, REPRODUCER_KIND = str(subjects.SAMPLING_DECODER.report), str(subjects.SAMPLING_DECODER.reproducer)
 MODEL = "transparent"
 DESIGNS = (
     "specaudit.reference.plain_sampling:PlainSampling",
@@ -121,8 +123,8 @@ def verdict_of(item: Item, result: SamplingSearch, coverage: Coverage, powers: l
         "best_case": {"tokens": best["all"][0], "shift": best["all"][1]} if best else None,
         "failures": [failure_json(f) for f in result.failures],
     }
-    subject = {"sampling decoder": item.spec, "model": item.model}
-    report = entry("sampling decoder", subject, not result.found, violation, signature, figures, coverage)
+    subject = {REPORT_KIND: item.spec, "model": item.model}
+    report = entry(REPORT_KIND, subject, not result.found, violation, signature, figures, coverage)
     lines = [f"  {f.minimal!r}\n    {f.violation.render()}" for f in result.failures]
     return EntryVerdict(KIND, report, item.expect_failure, lines, writer=functools.partial(write, item.spec, result))
 
@@ -149,7 +151,7 @@ def failure_json(found: SamplingFound) -> dict[str, Any]:
 
 def reproducer(spec: str, found: SamplingFound) -> Reproducer:
     violations = [asdict(v) for v in found.evaluation.violations]
-    return Reproducer("sampling-case", {"decoder": spec}, {"case": found.minimal.to_json()},
+    return Reproducer(REPRODUCER_KIND, {"decoder": spec}, {"case": found.minimal.to_json()},
                       violations_evidence(violations))  # fmt: skip
 
 

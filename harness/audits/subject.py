@@ -13,6 +13,7 @@ from typing import Any
 from specaudit.audits.verdict import Progress, Verdict
 from specaudit.config.settings import AuditSettings, GateSettings
 from specaudit.config.xfails import KnownFailures
+from specaudit.contracts import subjects
 from specaudit.search.driver import SHRINK_BUDGET
 
 
@@ -25,7 +26,7 @@ class Item:
     expect_failure: bool
     examples: int
     seed: int
-    kind: str = "decoder"
+    kind: str = subjects.DECODER.name  # a row of `contracts.subjects.KINDS`, its driver's
     known: KnownFailures = field(default_factory=KnownFailures)
     shrink_budget: int = SHRINK_BUDGET
     strict_efficiency: bool = False  # --strict-efficiency: an efficiency finding fails a decoder
@@ -47,3 +48,6 @@ class SubjectDriver:
     table: Callable[[list[Any]], str]
     headline: Callable[[list[Item]], str]  # the audit's first line's words for this kind's items
     cost: float = 1.0  # an item's cost against a decoder's on the same model (only the start order uses it)
+
+    def __post_init__(self) -> None:
+        subjects.named(self.kind)  # a kind the one table lacks fails here, when the driver is made

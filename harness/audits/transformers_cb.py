@@ -42,10 +42,13 @@ from specaudit.audits.subject import Item, SubjectDriver
 from specaudit.audits.verdict import EntryVerdict, Progress, Verdict, Writer
 from specaudit.checks.registry import check_named, decided
 from specaudit.config.settings import AuditSettings, GateSettings
+from specaudit.contracts import subjects
 from specaudit.contracts.violation import Violation
 from specaudit.reference.transformers_cb_mutants import BY_NAME, MUTANTS, planted
 from specaudit.search.jobs import one_torch_thread
 
+KIND = subjects.TRANSFORMERS_CB.name
+"""The plan's kind of its items and verdicts (`contracts.subjects.TRANSFORMERS_CB`)."""
 MODEL = "tiny-llama"  # the engine's own model (`adapters.transformers_cb.models`), not a built-in model's name
 SEARCH_EXAMPLES = 30  # drawn workloads of the Hypothesis item, at most (about 20 s on two cores)
 SMOKE_PREFIX, PLANTED_PREFIX, SEARCH_SPEC, SAMPLING_SPEC = "smoke:", "planted:", "hypothesis", "sampling"
@@ -65,11 +68,11 @@ def audit_items(settings: AuditSettings) -> list[Item]:
     """With neither --decoder nor --engine: each entry point, the search, and every planted bug."""
     if settings.decoders or settings.engines or not available():
         return []
-    smoke = [Item(SMOKE_PREFIX + name, MODEL, False, 1, settings.seed, kind=ENGINE) for name in ENTRY_POINTS]
+    smoke = [Item(SMOKE_PREFIX + name, MODEL, False, 1, settings.seed, kind=KIND) for name in ENTRY_POINTS]
     examples = min(settings.examples, SEARCH_EXAMPLES)
-    hypothesis = Item(SEARCH_SPEC, MODEL, False, examples, settings.seed, kind=ENGINE)
-    bugs = [Item(PLANTED_PREFIX + m.name, MODEL, True, 1, settings.seed, kind=ENGINE) for m in MUTANTS]
-    sampling = Item(SAMPLING_SPEC, MODEL, False, 1, settings.seed, kind=ENGINE)
+    hypothesis = Item(SEARCH_SPEC, MODEL, False, examples, settings.seed, kind=KIND)
+    bugs = [Item(PLANTED_PREFIX + m.name, MODEL, True, 1, settings.seed, kind=KIND) for m in MUTANTS]
+    sampling = Item(SAMPLING_SPEC, MODEL, False, 1, settings.seed, kind=KIND)
     return [*smoke, hypothesis, sampling, *bugs]
 
 
@@ -117,7 +120,7 @@ def judged(verdict: CbVerdict, subject: dict[str, Any], item: Item) -> EntryVerd
     entry = with_signature(report_entry(verdict, subject), verdict.first)
     name = f"{ENGINE}-{item.spec.replace(':', '-')}"
     lines = [f"  {verdict.render()}"]
-    return EntryVerdict(ENGINE, entry, item.expect_failure, lines, writer(verdict, name), f"{item.spec} on llama")
+    return EntryVerdict(KIND, entry, item.expect_failure, lines, writer(verdict, name), f"{item.spec} on llama")
 
 
 def searched(item: Item) -> EntryVerdict:
@@ -129,17 +132,17 @@ def searched(item: Item) -> EntryVerdict:
     failing = found.failing
     label = f"{item.examples} drawn workloads on llama"
     if failing is None:
-        return EntryVerdict(ENGINE, entry, False, label=label)
+        return EntryVerdict(KIND, entry, False, label=label)
     entry = with_signature(entry, failing.first)
     lines = [f"  {failing.render()}"]
-    return EntryVerdict(ENGINE, entry, False, lines, writer(failing, f"{ENGINE}-hypothesis"), label)
+    return EntryVerdict(KIND, entry, False, lines, writer(failing, f"{ENGINE}-hypothesis"), label)
 
 
 def sampled(item: Item) -> EntryVerdict:
     """The sampling item: `generate_batch` with do_sample, every token against the exact p (pooled fit)."""
     verdict = run_sampling(item.seed)
     lines = [f"  {verdict.verdict}"] + [f"  {v.render()}" for v in verdict.violations[:3]]
-    return EntryVerdict(ENGINE, sampling_entry(verdict, item.seed), False, lines, label=f"{item.spec} on llama")
+    return EntryVerdict(KIND, sampling_entry(verdict, item.seed), False, lines, label=f"{item.spec} on llama")
 
 
 def with_signature(entry: dict[str, Any], first: Violation | None) -> dict[str, Any]:
@@ -170,6 +173,6 @@ def headline(items: list[Item]) -> str:
 
 
 TRANSFORMERS_CB = SubjectDriver(
-    ENGINE, audit_items, gate_items, lambda spec: None, run_transformers_cb, table, headline, 0.2
+    KIND, audit_items, gate_items, lambda spec: None, run_transformers_cb, table, headline, 0.2
 )
 """The audit's driver of transformers' continuous batching (`specaudit.audits.plan.SUBJECTS`)."""

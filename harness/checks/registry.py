@@ -73,6 +73,7 @@ from specaudit.checks.scheduling import (
 from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.case import Case
 from specaudit.contracts.rules import CHECK_RULES, CONTRACT_RULES, PAGED_RULES
+from specaudit.contracts.subjects import EVIDENCE
 from specaudit.contracts.violation import Violation
 from specaudit.running.paged import PagedRun
 from specaudit.running.runner import Run
@@ -100,9 +101,10 @@ PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "not applicable"
 
 Signature = tuple[str, str]  # (signature, reason)
 
-DECODER, ENGINE, BLACK_BOX, PAGED, SAMPLER = "decoder", "engine", "black box", "paged engine", "sampling decoder"
-SUBJECTS = (DECODER, ENGINE, BLACK_BOX, PAGED, SAMPLER)
-"""Who a check can judge, and the evidence its implementation for that subject reads:
+SUBJECTS = EVIDENCE
+DECODER, ENGINE, BLACK_BOX, PAGED, SAMPLER = SUBJECTS
+"""Who a check can judge, and the evidence its implementation for that subject reads (the
+`evidence` of each kind of subject in `contracts.subjects.KINDS`, which several kinds share):
 
   decoder       a batch decoder's run on the built-in or real models (`running.runner.Run`)
   engine        a white-box engine session after every step (`checks.engine_step.EngineStep`,

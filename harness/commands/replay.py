@@ -3,22 +3,28 @@
 `specaudit replay FILE` lands here, and so do the pytest plugin's re-runs of a failure it is
 about to write (`replay_failures`, `replay_engine_rules`). Apart from the reproducer format,
 because replaying reaches the subjects themselves: decoders, real models, engines, and servers
-through the black-box adapter, which writes reproducers of its own.
+through the black-box adapter, which writes reproducers of its own. A reproducer's kind resolves
+to its row of `specaudit.contracts.subjects.KINDS`: the row lists the options it takes and names
+the function that runs it again (`replayer`), so a new kind is replayed without an entry here.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specaudit.artifacts.reproducer import KINDS, Reproducer, engine_failure_record, load_reproducer, validate
+from specaudit.artifacts.reproducer import Reproducer, engine_failure_record, load_reproducer, validate
 from specaudit.checks.diagnosis import Diagnosis, diagnose
 from specaudit.checks.registry import SAMPLER, all_violations, evaluate
+from specaudit.contracts import subjects
 from specaudit.contracts.builtins import check_model
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import ContractError, load_decoder
 from specaudit.contracts.errors import UsageError
+from specaudit.contracts.subjects import SubjectKind
 from specaudit.contracts.violation import Violation, render
 from specaudit.running.runner import run_case
 from specaudit.running.sampling import run_sampling_case
@@ -56,17 +62,8 @@ class ReplayOptions:
     quiet: bool = True
 
 
-APPLIES = {
-    "decoder-case": ("decoder",),
-    "real-model": ("decoder", "target", "draft", "device"),
-    "engine-ops": ("engine",),
-    "blackbox": ("engine", "server", "target"),
-    "vllm-paged": ("target", "draft"),
-    "transformers-cb": (),
-    "sampling-case": ("decoder",),
-    "openvino": (),
-}
-"""The options of `ReplayOptions` each kind takes."""
+APPLIES = {kind.reproducer: kind.replay for kind in subjects.homes()}
+"""The options of `ReplayOptions` each reproducer kind takes (`contracts.subjects.KINDS`' `replay`)."""
 
 
 @dataclass(frozen=True)
@@ -152,12 +149,12 @@ class SamplingReplay:
 
 def check_options(reproducer: Reproducer, options: ReplayOptions) -> None:
     """A UsageError for an option the reproducer's kind does not take (--decoder on an engine's rules)."""
-    taken = APPLIES[reproducer.kind]
-    given = [name for name in ("decoder", "engine", "server", "target", "draft", "device") if getattr(options, name)]
+    taken = reproducer.subject_kind.replay
+    given = [name for name in subjects.REPLAY_OPTIONS if getattr(options, name)]
     wrong = [f"--{name}" for name in given if name not in taken]
     if wrong:
         verb = "does" if len(wrong) == 1 else "do"
-        what = f"{reproducer.where} is {KINDS[reproducer.kind]} (kind {reproducer.kind})"
+        what = f"{reproducer.where} is {reproducer.subject_kind.noun} (kind {reproducer.kind})"
         takes = ", ".join(f"--{t}" for t in taken)
         raise UsageError(f"{what}: {', '.join(wrong)} {verb} not apply; it takes {takes}")
     if options.engine and options.server:
@@ -173,7 +170,18 @@ def replay(reproducer: Reproducer | Path, decoder: str | None = None, **options:
     given = ReplayOptions(decoder=decoder, **options)
     check_options(reproducer, given)
     validate(reproducer)
-    return REPLAYERS[reproducer.kind](reproducer, given)
+    return replayer(reproducer.subject_kind)(reproducer, given)
+
+
+Replayer = Callable[[Reproducer, ReplayOptions], Any]
+
+
+def replayer(kind: SubjectKind) -> Replayer:
+    """The function its row names (`module:function`), imported now: an adapter's replayer loads
+    only when a file of its kind is replayed."""
+    module, _, name = str(kind.replayer).partition(":")
+    function: Replayer = getattr(importlib.import_module(module), name)
+    return function
 
 
 DECODER_FLAG = "--decoder MODULE:ATTR"
@@ -272,15 +280,3 @@ def replay_openvino(reproducer: Reproducer, options: ReplayOptions) -> Any:
     from specaudit.adapters.openvino.audit import replay_reproducer
 
     return replay_reproducer(reproducer)
-
-
-REPLAYERS = {
-    "decoder-case": replay_decoder_case,
-    "real-model": replay_real_model,
-    "engine-ops": replay_engine_ops,
-    "blackbox": replay_blackbox,
-    "vllm-paged": replay_vllm_paged,
-    "transformers-cb": replay_transformers_cb,
-    "sampling-case": replay_sampling_case,
-    "openvino": replay_openvino,
-}

@@ -26,10 +26,11 @@ from typing import Any, ClassVar
 
 from specaudit.contracts.case import ENVELOPE_FORMAT, parse_pattern, pattern_text
 from specaudit.contracts.errors import UsageError
+from specaudit.contracts.subjects import ENGINE
 
 DEFAULT_MODEL = "transparent"
 """The model of rules that name none (written before engines ran on tiny real models)."""
-ENGINE_KIND = "engine-ops"
+ENGINE_KIND = ENGINE.reproducer
 """The reproducer envelope's kind for an engine rule sequence."""
 
 

@@ -10,13 +10,13 @@ import pytest
 from specaudit.artifacts.reproducer import load_reproducer
 from specaudit.audits.decoders import audit_plan
 from specaudit.audits.plan import SUBJECTS
-from specaudit.audits.sampling import DESIGNS, SAMPLING, audit_items, gate_items, planted, run_sampling, samples
+from specaudit.audits.sampling import DESIGNS, KIND, SAMPLING, audit_items, gate_items, planted, run_sampling, samples
 from specaudit.audits.subject import Item
-from specaudit.checks.registry import SAMPLER
 from specaudit.commands.replay import replay
 from specaudit.config.settings import AuditSettings, GateSettings
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.sampling import Sampling
+from specaudit.contracts.subjects import SAMPLING_DECODER
 from specaudit.search.sampling import candidates, sampling_cases, search_sampling
 
 SPEC = "specaudit.reference.sampling:SpecSampling"
@@ -27,7 +27,7 @@ def test_the_default_audit_plans_every_design_and_every_planted_sampling_bug() -
     items = audit_items(AuditSettings())
     assert [i.spec for i in items if not i.expect_failure] == list(DESIGNS)
     assert [i.spec for i in items if i.expect_failure] == planted() and len(planted()) >= 12
-    assert SAMPLING in SUBJECTS and {i.kind for i in items} == {SAMPLER}
+    assert SAMPLING in SUBJECTS and {i.kind for i in items} == {KIND} and KIND == SAMPLING_DECODER.name
 
 
 def test_a_named_sampling_decoder_is_judged_in_distribution_not_greedily() -> None:
@@ -61,7 +61,7 @@ def test_candidates_are_smaller_cases_of_the_same_seed() -> None:
 def test_a_planted_bug_is_found_shrunk_and_replayed(tmp_path: Path) -> None:
     """Rows that share their uniforms: caught by row independence, minimized, written, replayed to
     the same verdict; the same reproducer passes against the reference."""
-    verdict = run_sampling(Item(SHARED, "transparent", True, 12, 0, kind=SAMPLER), None)
+    verdict = run_sampling(Item(SHARED, "transparent", True, 12, 0, kind=KIND), None)
     assert not verdict.passed and verdict.as_expected
     failure = verdict.report_entry()["failures"][0]
     assert (failure["check"], failure["rule"]) == ("row-independence", "rows-correlated")

@@ -1,5 +1,6 @@
-"""A subject kind is one `SubjectDriver` (`specaudit.audits.plan.SUBJECTS`): the audit plans,
-runs, tables, reports and counts a kind it was never written for, through the verdict protocol."""
+"""A subject kind is one row of the one table (`specaudit.contracts.subjects.KINDS`) and one
+`SubjectDriver` (`specaudit.audits.plan.SUBJECTS`): the audit plans, runs, tables, reports and
+counts a kind it was never written for, through the verdict protocol."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ from specaudit.audits.audit import run_audit
 from specaudit.audits.plan import Item, SubjectDriver
 from specaudit.audits.verdict import EntryVerdict, Progress, Verdict
 from specaudit.config.settings import AuditSettings
+from specaudit.contracts import subjects
+from specaudit.contracts.subjects import EVIDENCE_PAGED, SubjectKind
 from specaudit.contracts.violation import Violation
 
+TOY = SubjectKind("paged", EVIDENCE_PAGED, None, "paged engine", (), "a toy paged engine's run")
+"""The toy's row: judged as a paged engine, its entries of the paged engines' report kind."""
 BROKEN = Violation("paged", "slot-mapping", "token 3 written at slot 17", "slot 16", call=2, request=1)
 
 
@@ -45,8 +50,9 @@ def toy_driver(specs: tuple[str, ...]) -> SubjectDriver:
 
 
 @pytest.fixture
-def only(request: pytest.FixtureRequest) -> Iterator[None]:
-    """`SUBJECTS` holding the toy driver alone, for one test."""
+def only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The toy's row in the table and `SUBJECTS` holding the toy driver alone, for one test."""
+    monkeypatch.setattr(subjects, "KINDS", (*subjects.KINDS, TOY))
     saved = plan.SUBJECTS[:]
     plan.SUBJECTS[:] = [toy_driver(request.param)]
     yield
@@ -71,3 +77,9 @@ def test_a_new_subject_kind_is_audited_through_its_driver(
         ("paged engine", "toy:Broken", False),
     ]
     assert report["entries"][1]["first"]["call"] == 2 and report["entries"][1]["forwards"] == 3
+
+
+def test_a_driver_of_a_kind_the_table_lacks_is_refused() -> None:
+    """The toy's driver without its row: refused when it is made, naming the table."""
+    with pytest.raises(ValueError, match="'paged' is no subject kind.*contracts.subjects.KINDS"):
+        toy_driver(("toy:Good",))

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from specaudit.artifacts.reproducer import Reproducer, save, violations_evidence
+from specaudit.contracts.subjects import OPENVINO
 
-KIND = "openvino"
+KIND = OPENVINO.reproducer
 
 
 def genai_version() -> str | None:

@@ -14,10 +14,10 @@ from specaudit.adapters.transformers_cb.hypothesis_search import Search
 from specaudit.adapters.transformers_cb.verdict import CbVerdict
 from specaudit.adapters.transformers_cb.workload import ENGINE, workload_json
 from specaudit.artifacts.report import entry
-from specaudit.checks.registry import PAGED
+from specaudit.contracts.subjects import TRANSFORMERS_CB
 
-KIND = PAGED
-"""The report kind of every entry: the subject the registry judged ("paged engine")."""
+KIND = TRANSFORMERS_CB.report
+"""The report kind of every entry ("paged engine", the subject the registry judged)."""
 
 
 def report_entry(verdict: CbVerdict, subject: dict[str, Any], reproducer: str | None = None) -> dict[str, Any]:

@@ -21,8 +21,9 @@ from specaudit.adapters.transformers_cb.workload import ENGINE, CbWorkload, work
 from specaudit.artifacts.reproducer import Reproducer, save, violations_evidence
 from specaudit.contracts.case import ENVELOPE_FORMAT
 from specaudit.contracts.errors import UsageError
+from specaudit.contracts.subjects import TRANSFORMERS_CB
 
-KIND = ENGINE
+KIND = TRANSFORMERS_CB.reproducer
 """The reproducer kind (`"kind"` of the envelope)."""
 
 

@@ -10,13 +10,14 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from specaudit.adapters.transformers_cb.models import likely_tokens
+from specaudit.contracts.subjects import TRANSFORMERS_CB
 
 ENTRY_POINTS = ("generate_batch", "manager", "generate")
 """The public ways into transformers CB the driver runs: `generate_batch`, `init_continuous_batching`
 (the manager's `add_request`/`cancel_request`/`get_result`), `generate(cache_implementation="paged")`."""
 
-ENGINE = "transformers-cb"
-"""The engine's name in tables, reports and reproducers."""
+ENGINE = TRANSFORMERS_CB.name
+"""The engine's name in tables, reports and reproducers (its row of `contracts.subjects`)."""
 
 
 @dataclass(frozen=True)
