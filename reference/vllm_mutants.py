@@ -34,6 +34,8 @@ SAMPLER = "vllm.v1.sample.rejection_sampler"
 BLOCK_POOL = "vllm.v1.core.block_pool:BlockPool"
 SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 LLAMA = "vllm.model_executor.models.llama:LlamaForCausalLM"
+DETOKENIZER = "vllm.v1.engine.detokenizer:BaseIncrementalDetokenizer"
+COMPLETIONS = "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion"
 STAGGERED = "staggered"  # the observer's fixed ngram workload (`vllm_observer.staggered`), in the test process
 
 
@@ -390,6 +392,37 @@ def hash_ignores_block_tail(original: Callable[..., Any]) -> Callable[..., Any]:
     return hash_block_tokens
 
 
+def ids_kept_past_stop(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The detokenizer trims its text at a stop string that a step's tokens complete, but keeps every
+    token of the step in its ids: those after the one completing the stop string (a multi-token step
+    of accepted drafts) come back in `token_ids` (vLLM before its fix; the front end, not the engine core)."""
+
+    def update(self: Any, new_token_ids: list[int], stop_terminated: bool) -> str | None:
+        first, step = len(self.token_ids), list(new_token_ids)
+        stop = original(self, new_token_ids, stop_terminated)
+        if stop is not None:
+            self.token_ids[first:] = step
+        return stop
+
+    return update
+
+
+def usage_counts_engine_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A completion's `usage.completion_tokens` is the front end's count of the tokens the engine core
+    sent for the request (`RequestOutput.metrics.num_generation_tokens`), which counts every token of
+    an accepted run, those dropped past a stop string included, instead of the tokens it returns."""
+
+    def request_output_to_completion_response(self: Any, final_res_batch: list[Any], *args: Any, **kwargs: Any) -> Any:
+        response = original(self, final_res_batch, *args, **kwargs)
+        counted = [getattr(res.metrics, "num_generation_tokens", None) for res in final_res_batch]
+        if response.usage is not None and counted and None not in counted:
+            response.usage.completion_tokens = sum(counted)
+            response.usage.total_tokens = response.usage.prompt_tokens + sum(counted)
+        return response
+
+    return request_output_to_completion_response
+
+
 STOPS = "stops"
 """The fixed workloads of `tests/adapters/test_vllm_stops.py`: the target drafting for itself, each
 request's drafts cut to a different count a step (`DraftShape.ragged`), a stop token and
@@ -538,6 +571,40 @@ MUTANTS: tuple[VllmMutant, ...] = (
     ),
 )
 
+SERVED = "served"
+"""The black box over HTTP: a served vLLM (its front end: detokenizer, completions API) drafting for
+itself, requests with stop strings (`tests/adapters/test_vllm_stops.py`'s served test). The white box
+runs vLLM without a tokenizer (`skip_tokenizer_init`), so it never reaches these."""
+
+SERVED_MUTANTS: tuple[VllmMutant, ...] = (
+    VllmMutant(
+        "stop-string-ids-kept",
+        "a stop string completed inside an accepted run is trimmed from the text; the run's later ids stay",
+        f"{DETOKENIZER}.update",
+        "stop-string",
+        True,
+        ids_kept_past_stop,
+        kv_visible=False,
+        check="contract",
+        workload=SERVED,
+        weakness="the black box sent no stop strings (issue 39)",
+    ),
+    VllmMutant(
+        "usage-past-stop",
+        "usage counts an accepted run's tokens past the stop string that ended it",
+        f"{COMPLETIONS}.request_output_to_completion_response",
+        "usage-count",
+        True,
+        usage_counts_engine_tokens,
+        kv_visible=False,
+        check="contract",
+        workload=SERVED,
+        weakness="the black box compared no usage counts (issue 39)",
+    ),
+)
+"""Planted bugs of vLLM's front end (its detokenizer, its completions API): only a served vLLM's
+black box reaches them (`adapters.transports.audit_server`: stop strings, usage counts)."""
+
 SAMPLING_MUTANTS: tuple[VllmMutant, ...] = (
     VllmMutant(
         "residual-from-target",
@@ -554,7 +621,7 @@ SAMPLING_MUTANTS: tuple[VllmMutant, ...] = (
 """Planted bugs only sampling can see: the paged rules and the greedy outputs pass them, the
 distribution check over a served vLLM's sampled tokens does not."""
 
-BY_NAME = {m.name: m for m in (*MUTANTS, *SAMPLING_MUTANTS)}
+BY_NAME = {m.name: m for m in (*MUTANTS, *SERVED_MUTANTS, *SAMPLING_MUTANTS)}
 
 
 def expand_in_torch(original: Callable[..., Any]) -> Callable[..., Any]:

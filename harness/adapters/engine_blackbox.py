@@ -28,7 +28,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ from specaudit.checks.coverage import OUTPUTS, Coverage, coverage_of_answers
 from specaudit.checks.equivalence import RowEquivalence, divergence
 from specaudit.checks.outputs import OUTPUT_RULES, OutputEvidence, compared, token_violation
 from specaudit.checks.registry import BLACK_BOX, Evaluation, evaluate
+from specaudit.checks.stops import check_stop, check_usage, expected_with_stop
+from specaudit.contracts import subjects
 from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.violation import Violation
 from specaudit.reference.oracle import OracleResult, answer_oracles, greedy_oracle
@@ -58,6 +60,8 @@ RULES: dict[str, str] = {
     "json-response": "a JSON completion object",
     "token-ids": "choices[0].token_ids, a list of int token ids (send return_token_ids)",
     **OUTPUT_RULES,  # token-count, max-new-tokens, ends-at-eos: `checks.outputs`, shared with paged engines
+    "stop-string": "the oracle's tokens and text cut at the request's stop string (`stop_violation`)",
+    "usage-count": "usage counting the tokens returned: completion tokens, prompt tokens, cached at most the prompt",
     "generate-returns": "generate() returning one list of int token ids per prompt, without raising",
 }
 """Each output-contract rule of the black-box engine audit and what it wants."""
@@ -80,6 +84,8 @@ class Request:
     prompt: tuple[int, ...]
     max_new_tokens: int
     arrival: float
+    stop: str | None = None  # a stop string (vLLM's `stop`), drawn from the oracle's text (`with_stops`)
+    include_stop: bool = False  # vLLM's `include_stop_str_in_output`
 
 
 def per_request(max_new_tokens: int | Sequence[int], n: int) -> list[int]:
@@ -143,6 +149,142 @@ def arrival_offsets(n: int, spread: float, *, steps: bool = False) -> st.SearchS
         else st.floats(0.0, spread, allow_nan=False, allow_infinity=False)
     )
     return st.lists(one, min_size=n, max_size=n).map(lambda xs: [round(x - min(xs), 4) for x in xs])
+
+
+# ---------------------------------------------------------------------------------------
+# Stop strings: drawn from the oracle's text, judged on the ids and the text returned
+
+Decode = Callable[[list[int]], str]
+STOP_SHARE = 0.5
+"""The share of a server black box's requests that carry a stop string, when the target has a tokenizer."""
+STOP_KINDS = ("token", "across", "inside")
+"""A drawn stop string: one token's text, a text starting inside the token before it, or a token's text
+less its last character (completed inside the token: the text is trimmed mid-token)."""
+
+
+class TokenizerText:
+    """A `tokenizers` tokenizer's text of token ids, special tokens skipped (vLLM's default); `after(prompt)`
+    the text of output tokens as vLLM's detokenizer makes it, a `DecodeStream` primed with the prompt."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(path))
+
+    def __call__(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def after(self, prompt: Sequence[int]) -> Decode:
+        from tokenizers.decoders import DecodeStream
+
+        def text(ids: list[int]) -> str:
+            stream = DecodeStream(ids=list(prompt), skip_special_tokens=True)
+            return "".join(stream.step(self.tokenizer, int(t)) or "" for t in ids)
+
+        return text
+
+
+def detokenizer(target: torch.nn.Module | str | Path) -> Decode | None:
+    """The target directory's `tokenizer.json` (`TokenizerText`): the directory given or the one a loaded
+    model came from; None without one (no stop strings)."""
+    name = target if isinstance(target, str | Path) else getattr(getattr(target, "config", None), "_name_or_path", "")
+    path = Path(str(name or "")) / "tokenizer.json"
+    return TokenizerText(path) if name and path.is_file() else None
+
+
+def in_context(decode: Decode, prompt: Sequence[int]) -> Decode:
+    """The text of output tokens as vLLM's incremental detokenizer gives it: after the prompt's text, so
+    with the separator before the first token (" w5" for the tiny Llama, not "w5"). A `TokenizerText`
+    streams it as vLLM does; any other decode gives the text of prompt and outputs less the prompt's."""
+    after = getattr(decode, "after", None)
+    if after is not None:
+        return after(prompt)  # type: ignore[no-any-return]
+    head = decode(list(prompt))
+    return lambda ids: decode([*prompt, *ids])[len(head) :]
+
+
+def draw_stop(rng: random.Random, tokens: Sequence[int], decode: Decode, eos: int | None) -> str | None:
+    """A stop string completed by a token of the oracle's continuation `tokens` that has a token after it
+    before any EOS (so a multi-token step can carry it past the stop), of a kind drawn from `STOP_KINDS`;
+    None when the continuation is too short or its text is not built token by token."""
+    end = list(tokens).index(eos) if eos is not None and eos in tokens else len(tokens)
+    if end < 3:
+        return None
+    j = rng.randint(1, end - 2)
+    before, upto = decode(list(tokens[:j])), decode(list(tokens[: j + 1]))
+    if not upto.startswith(before) or not upto[len(before) :].strip():
+        return None
+    piece = upto[len(before) :].strip()
+    kind = rng.choice(STOP_KINDS)
+    if kind == "across" and before.strip():
+        return upto[max(0, len(before) - 2) :]
+    return piece[:-1] if kind == "inside" and len(piece) > 2 else piece
+
+
+def with_stops(
+    target: torch.nn.Module, requests: Sequence[Request], eos_token_id: int | None, decode: Decode, seed: int,
+    share: float = STOP_SHARE,
+) -> list[Request]:  # fmt: skip
+    """The requests, a seeded `share` of them given a stop string drawn from their greedy continuation's
+    text (`draw_stop`) and `include_stop` drawn: the same seed, prompts and limits draw the same stops."""
+    rng = random.Random(f"stops-{seed}")
+    out = []
+    for r in requests:
+        if rng.random() >= share:
+            out.append(r)
+            continue
+        with torch.no_grad():
+            tokens = greedy_oracle(target, r.prompt, max_new_tokens=r.max_new_tokens, eos_token_id=eos_token_id).tokens
+        stop = draw_stop(rng, tokens, in_context(decode, r.prompt), eos_token_id)
+        out.append(r if stop is None else replace(r, stop=stop, include_stop=rng.random() < 0.5))
+    return out
+
+
+def stop_text(decode: Decode, ids: Sequence[int], stop: str, include: bool) -> str:
+    """vLLM's text of a request that its stop string ended: the text of its ids cut at the stop string's
+    first appearance, after it with `include_stop_str_in_output`, before it without."""
+    text = decode(list(ids))
+    start = text.find(stop)
+    return text if start < 0 else text[: start + (len(stop) if include else 0)]
+
+
+def stop_violation(decode: Decode, request: Request, oracle: Sequence[int], answer: Answer) -> Violation | None:
+    """A `stop-string` violation of a request with a stop string, against its oracle's tokens (enough of
+    them to hold the stop string): its ids must be the oracle's through the token that completes it, whatever
+    `include_stop` says (vLLM trims the text only; `checks.stops.check_stop` with include), its text
+    `stop_text`, and it must finish on "stop" when the stop string ended it."""
+    assert request.stop is not None and answer.tokens is not None
+    head = f"request {request.id} with stop string {request.stop!r} (include_stop_str_in_output={request.include_stop})"
+    want = expected_with_stop(decode, oracle, request.stop, True)
+    if check_stop(decode, oracle, answer.tokens, request.stop, True, request.id) is not None:
+        found = f"{head} returned the ids {list(answer.tokens)} ({answer.text!r})"
+        wanted = "the oracle's ids through the token completing the stop string" if want else "the oracle's ids"
+        return Violation("contract", "stop-string", found, f"{wanted}: {want or list(oracle)}", request=request.id)
+    if want is None:
+        return None
+    text = stop_text(decode, want, request.stop, request.include_stop)
+    if answer.text is not None and answer.text != text:
+        found = f"{head} returned the text {answer.text!r} for ids {list(answer.tokens)}"
+        return Violation("contract", "stop-string", found, f"the text {text!r}", request=request.id)
+    if answer.finish is not None and answer.finish != "stop":
+        found = f"{head} ended at its stop string with finish reason {answer.finish!r}"
+        return Violation("contract", "stop-string", found, "finish reason 'stop'", request=request.id)
+    return None
+
+
+def usage_violation(request: Request, ids: Sequence[int], usage: Any) -> Violation | None:
+    """A `usage-count` violation when a completion's `usage` (where it reports one) does not count what
+    came back: `completion_tokens` the ids returned (vLLM counts them, a stop string's included), and
+    `prompt_tokens` the prompt; `prompt_tokens_details.cached_tokens`, where reported, at most the prompt."""
+    if not isinstance(usage, dict):
+        return None
+    found = check_usage(usage.get("completion_tokens", -1), len(ids), request.id, "completion tokens")
+    found = found or check_usage(usage.get("prompt_tokens", -1), len(request.prompt), request.id, "prompt tokens")
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if found is None and cached is not None and not 0 <= cached <= len(request.prompt):
+        what = f"request {request.id} reported {cached} cached prompt tokens"
+        return Violation("contract", "usage-count", what, f"0 to {len(request.prompt)}, its prompt", request=request.id)
+    return found
 
 
 # ---------------------------------------------------------------------------------------
@@ -297,7 +439,9 @@ class EngineAuditResult:
         """Output level only: the first violation names a request and a token, no signature (no diagnosis)."""
         subject = {"engine": self.engine, "transport": self.transport, "target": target}
         first = self.violations[0] if self.violations else None
-        return entry("blackbox", subject, self.passed, first, None, {**figures, **self.to_json()}, self.coverage)
+        return entry(
+            subjects.BLACK_BOX.report, subject, self.passed, first, None, {**figures, **self.to_json()}, self.coverage
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -320,6 +464,8 @@ class EngineAuditResult:
                     "id": o.request.id,
                     "prompt": list(o.request.prompt),
                     "max_new_tokens": o.request.max_new_tokens,
+                    "stop": o.request.stop,
+                    "include_stop": o.request.include_stop,
                     "arrival": o.request.arrival,
                     "start": o.start,
                     "end": o.end,
@@ -394,6 +540,35 @@ def oracles(
     return {r.id: result for r, result in zip(requests, found)}, time.perf_counter() - start
 
 
+def stop_cut(decode: Decode, request: Request, oracle: OracleResult) -> tuple[int, OracleResult]:
+    """(the limit, the oracle) a request with a stop string is judged by: the oracle's tokens through the
+    token that completes the stop string, as if that were the request's `max_new_tokens`."""
+    want = expected_with_stop(decode, oracle.tokens, request.stop or "", True)
+    if want is None:
+        return request.max_new_tokens, oracle
+    return len(want), OracleResult(tuple(want), "length", oracle.margins[: len(want)])
+
+
+def judge_stop(
+    target: torch.nn.Module, decode: Decode, request: Request, answer: Answer, oracle: OracleResult,
+    eos_token_id: int | None,
+) -> tuple[Violation | None, int, OracleResult]:  # fmt: skip
+    """A request with a stop string: its `stop_violation` and (limit, oracle) to judge it by (`stop_cut`).
+    The oracle cut at the answer's end holds the stop string when the answer is right (one forward);
+    otherwise the whole continuation is decoded, so the violation shows what was wanted. An answer
+    that leaves the oracle's tokens is equivalence's to judge (tie-aware), not the stop string's."""
+    text = in_context(decode, request.prompt)
+    diverged = answer.tokens is None or any(a != b for a, b in zip(answer.tokens, oracle.tokens))
+    violation = None if diverged else stop_violation(text, request, oracle.tokens, answer)
+    missing = expected_with_stop(text, oracle.tokens, request.stop or "", True) is None
+    if not oracle.complete and (violation is not None or missing):
+        with torch.no_grad():
+            oracle = greedy_oracle(target, request.prompt, max_new_tokens=request.max_new_tokens,
+                                   eos_token_id=eos_token_id)  # fmt: skip
+        violation = None if diverged else stop_violation(text, request, oracle.tokens, answer)
+    return (violation, *stop_cut(text, request, oracle))
+
+
 def answers_evidence(
     target: torch.nn.Module, record: Record, answers: dict[int, Answer], engine_error: Violation | None, dtype: str
 ) -> OutputEvidence:
@@ -436,6 +611,9 @@ class Answer:
     start: float | None = None
     end: float | None = None
     note: str = ""
+    text: str | None = None  # the text the server returned (judged for a request with a stop string)
+    finish: str | None = None  # its finish reason
+    usage: dict[str, Any] | None = None  # its usage counts, as reported
 
 
 def judge_answers(
@@ -449,10 +627,14 @@ def judge_answers(
     seconds: float,
     engine_error: Violation | None = None,
     say: Callable[[str], None] | None = None,
+    decode: Decode | None = None,
 ) -> EngineAuditResult:
     """Compare every answered request with its oracle; requests with an error are not compared.
     The answers are first the record every subject's evidence is (`running.record`): no calls,
-    each request admitted and retired when the transport sent and got it."""
+    each request admitted and retired when the transport sent and got it. A request with a stop
+    string (judged with `decode`, the target's tokenizer) is held to `stop_violation` and then, as
+    any other, to its oracle cut at the stop string (`stop_cut`), its text read after its prompt's
+    (`in_context`)."""
     if say is not None:
         say(f"engine done in {seconds:.2f} s; batch-size-1 greedy oracle for {len(requests)} requests")
     oracle, oracle_seconds = oracles(target, requests, answers, eos_token_id)
@@ -460,8 +642,11 @@ def judge_answers(
     unit = {"http": "seconds", "steps": "steps"}.get(transport, "calls")  # what arrivals count in (`Request`)
     record = Record(label, "blackbox", unit, eos_token_id)
     for r in requests:
-        a = answers[r.id]
-        record.admit(Entry(r.id, r.prompt, r.max_new_tokens, oracle[r.id], list(a.tokens or ()), a.start, a.end))
+        a, limit, expected = answers[r.id], r.max_new_tokens, oracle[r.id]
+        if r.stop is not None and decode is not None:
+            error, limit, expected = judge_stop(target, decode, r, a, expected, eos_token_id)
+            a.error = a.error or error
+        record.admit(Entry(r.id, r.prompt, limit, expected, list(a.tokens or ()), a.start, a.end))
     evidence = answers_evidence(target, record, answers, engine_error, dtype)
     evaluation = evaluate(BLACK_BOX, evidence)
     rows = compared(evidence)  # the equivalence check's comparison (made here too if a contract break skipped it)
@@ -494,6 +679,7 @@ __all__ = [
     "load_target",
     "make_requests",
     "seeded_arrivals",
+    "with_stops",
 ]
 
 

@@ -14,7 +14,9 @@ Three ways in:
     is held to the one EOS the audit knows, and any token can be chosen as EOS. Tokens are read from
     `choices[0].token_ids`, else from vLLM's `"token_id:N"` logprob strings. An EOS the server
     stopped at (`finish_reason: "stop"`) but left out of the list is put back, as the oracle
-    includes it. Standard library only.
+    includes it. Where the target has a tokenizer, a seeded share of the requests also carry a
+    stop string (`stop`, `include_stop_str_in_output`) drawn from their oracle's text, judged on
+    their ids and text; every answer's `usage` is judged against its ids. Standard library only.
   - `audit_callable(generate, target, prompts)`: `generate(prompts, max_new_tokens) -> list[list[int]]`
     (vLLM's `LLM.generate` behind a two-line wrapper) called repeatedly, one staggered batch after
     another in arrival order: batches of seeded sizes, so consecutive calls mix requests differently.
@@ -43,17 +45,23 @@ from typing import Any
 import torch
 
 from specaudit.adapters.engine_blackbox import (
+    STOP_SHARE,
     Answer,
+    Decode,
     EngineAuditResult,
     Request,
     check_tokens,
     contract_violation,
+    detokenizer,
     judge_answers,
     load_target,
     make_requests,
     seeded_arrivals,
+    usage_violation,
+    with_stops,
 )
 from specaudit.checks.liveness import WaitLedger, unfinished
+from specaudit.checks.outputs import returned_violation
 from specaudit.contracts.decoder import ContractError, DecoderTimeout, time_limit, validate_output
 from specaudit.contracts.engine import ENGINE_METHODS, EngineBook
 from specaudit.contracts.violation import Violation
@@ -87,6 +95,9 @@ class CompletionsClient:
         body["ignore_eos"] = True  # the judged EOS, if any, is the only stop token
         if eos_token_id is not None:
             body["stop_token_ids"] = [eos_token_id]
+        if request.stop is not None:
+            body["stop"] = [request.stop]
+            body["include_stop_str_in_output"] = request.include_stop
         return {**body, **self.extra}
 
     def post(self, body: dict[str, Any], request_id: int) -> tuple[Any, Violation | None]:
@@ -114,7 +125,9 @@ class CompletionsClient:
             return None, contract_violation("json-response", f"malformed JSON {text!r}", request_id)
 
     def complete(self, request: Request, eos_token_id: int | None) -> Answer:
-        """One request: its tokens (EOS put back where the server stopped at it but left it out)."""
+        """One request: its tokens (EOS put back where the server stopped at it but left it out), its
+        text, finish reason and usage; its usage counts judged against the ids it returned. A request
+        with a stop string may end short of its limit: the judge holds it to its stop string."""
         payload, error = self.post(self.body(request, eos_token_id), request.id)
         if error is not None:
             return Answer(error=error)
@@ -122,12 +135,20 @@ class CompletionsClient:
         if error is not None:
             return Answer(error=error)
         assert tokens is not None
+        usage = payload.get("usage")
+        counted = usage_violation(request, tokens, usage)
         note = ""
         ends = bool(tokens) and tokens[-1] == eos_token_id
-        if finish == "stop" and eos_token_id is not None and not ends and len(tokens) < request.max_new_tokens:
+        stopped = request.stop is None and finish == "stop"
+        if stopped and eos_token_id is not None and not ends and len(tokens) < request.max_new_tokens:
             tokens, note = [*tokens, eos_token_id], "EOS put back: the server stopped at it and left it out"
-        violation = check_tokens(request, tokens, eos_token_id)
-        return Answer(tuple(tokens), violation, note=note)
+        if request.stop is None:
+            violation = check_tokens(request, tokens, eos_token_id)
+        else:
+            violation = returned_violation(request.id, tokens, request.max_new_tokens, eos_token_id)
+        text = payload["choices"][0].get("text")
+        return Answer(tuple(tokens), violation or counted, note=note, text=text if isinstance(text, str) else None,
+                      finish=finish, usage=usage if isinstance(usage, dict) else None)  # fmt: skip
 
 
 def read_completion(payload: Any, request_id: int) -> tuple[list[int] | None, str | None, Violation | None]:
@@ -192,18 +213,27 @@ def audit_server(
     dtype: str | None = None,
     name: str | None = None,
     say: Callable[[str], None] | None = None,
+    stop_share: float | None = None,
+    decode: Decode | None = None,
 ) -> EngineAuditResult:
     """Send every prompt to an OpenAI-compatible completions server at a staggered arrival and judge the outputs.
 
     `arrivals` (seconds, one per prompt) overrides the schedule drawn from `seed` over `spread_s`.
     `target` is the served model in process (module, built-in name or HF directory); `eos_token_id`
     must be the server's EOS id (None: `ignore_eos` is sent and every request runs to `max_tokens`).
-    Nothing is raised for the server's faults: errors are per-request contract violations.
-    `say` gets progress lines.
+    Where the target has a tokenizer (`decode`, else its directory's `tokenizer.json`), a seeded
+    `stop_share` of the requests (default `STOP_SHARE`; 0: none) carry a stop string drawn from their
+    oracle's text (`engine_blackbox.with_stops`), judged on their ids and text. Every answer's usage
+    counts are judged against its ids. Nothing is raised for the server's faults: errors are
+    per-request contract violations. `say` gets progress lines.
     """
     target_model = load_target(target, dtype)
     offsets = list(arrivals) if arrivals is not None else seeded_arrivals(len(prompts), seed, spread_s)
     requests = make_requests(prompts, offsets, max_new_tokens)
+    share = STOP_SHARE if stop_share is None else stop_share
+    decode = decode or (detokenizer(target) or detokenizer(target_model) if share > 0 else None)
+    if decode is not None and share > 0:
+        requests = with_stops(target_model, requests, eos_token_id, decode, seed, share)
     client = CompletionsClient(url, model=model, timeout_s=timeout_s)
     start = time.perf_counter()
     if say is not None:
@@ -211,7 +241,8 @@ def audit_server(
     answers = send_staggered(requests, lambda r: client.complete(r, eos_token_id), say=say)
     seconds = time.perf_counter() - start
     label = name or f"server {client.url}"
-    return judge_answers(label, "http", target_model, requests, answers, eos_token_id, dtype, seconds, say=say)
+    return judge_answers(label, "http", target_model, requests, answers, eos_token_id, dtype, seconds, say=say,
+                         decode=decode)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------

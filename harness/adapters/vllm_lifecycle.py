@@ -23,7 +23,9 @@ from specaudit.contracts.errors import UsageError
 
 HOST = "127.0.0.1"
 SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
-               "--seed", "0")  # fmt: skip
+               "--seed", "0", "--enable-prompt-tokens-details")  # fmt: skip
+"""`--enable-prompt-tokens-details`: each completion's usage reports its cached prompt tokens (judged by
+`engine_blackbox.usage_violation`)."""
 SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 LOG_TAIL_LINES = 30
 

@@ -36,6 +36,7 @@ from specaudit.config.settings import BlackboxSettings
 from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.decoder import resolve_spec
 from specaudit.contracts.errors import UsageError
+from specaudit.contracts.subjects import BLACK_BOX
 
 # ---------------------------------------------------------------------------------------
 # `specaudit blackbox`: settings, checks of the user's input, the run and what it writes
@@ -218,7 +219,7 @@ def read_reproducer(path: Path) -> dict[str, Any]:
     from specaudit.artifacts.reproducer import load_reproducer
 
     reproducer = load_reproducer(path)
-    if reproducer.kind != "blackbox":
+    if reproducer.kind != BLACK_BOX.reproducer:
         raise UsageError(f"{str(path)!r} is not a black-box reproducer (its kind is {reproducer.kind})")
     return reproducer.plan_document()
 

@@ -43,8 +43,10 @@ CONTRACT_RULES = frozenset(
         "json-response",
         "token-ids",
         "token-count",
-        # specaudit.adapters.openvino.stops: a stop string in the output (text and token ids)
+        # specaudit.checks.stops: a stop string in the output (text and token ids)
         "stop-string",
+        # specaudit.checks.stops: a usage count (generated tokens) against the outputs, every engine
+        "usage-count",
     }
 )
 

@@ -115,7 +115,7 @@ def test_low_precision_rule_tells_numerics_from_a_wrong_token() -> None:
 
 
 def test_expected_output_with_a_stop_string_cuts_the_oracle_where_its_text_shows_it() -> None:
-    from specaudit.adapters.openvino.stops import RULE, check_stop, expected_with_stop
+    from specaudit.checks.stops import RULE, check_stop, expected_with_stop
 
     def decode(ids: list[int]) -> str:
         return " ".join(f"w{t}" for t in ids)
@@ -129,3 +129,74 @@ def test_expected_output_with_a_stop_string_cuts_the_oracle_where_its_text_shows
     assert check_stop(decode, oracle, [216], "w479 w161", False, 0) is None
     kept = check_stop(decode, oracle, [216, 479], "w479 w161", False, 3)  # part of the stop string left in
     assert kept is not None and (kept.rule, kept.request) == (RULE, 3) and "[216]" in kept.expected
+
+
+def spaced(ids: list[int]) -> str:
+    """The tiny tokenizer's text: token t is "w<t>", separated by spaces, token 0 is ""."""
+    return " ".join(f"w{t}" for t in ids if t)
+
+
+def test_drawn_stop_strings_are_judgeable_pieces_of_the_oracles_text() -> None:
+    """`stop_from`: one to three tokens' text, a head cut only for one token (and only when included),
+    never across a token that decodes to ""; `judgeable` refuses a stop starting inside a token and
+    ending in a later one."""
+    from specaudit.checks.stops import completing, judgeable, stop_from
+
+    oracle = [216, 479, 161, 421, 316, 18, 0, 221]
+    assert stop_from(spaced, oracle, 1, 3, 0, 0, False) == "w479 w161 w421"
+    assert stop_from(spaced, oracle, 4, 1, 0, 1, False) == "w31"  # the start of a token
+    assert stop_from(spaced, oracle, 4, 1, 1, 0, True) == "316"  # inside one token, included: judgeable
+    assert stop_from(spaced, oracle, 4, 1, 1, 0, False) is None  # not included: no token-level answer
+    assert stop_from(spaced, oracle, 5, 3, 0, 0, True) is None  # spans token 0 ("")
+    assert stop_from(spaced, oracle, 7, 2, 0, 0, True) is None  # past the tokens
+    assert not judgeable(spaced, oracle, "316 w1")  # starts inside a token, ends in a later one
+    assert judgeable(spaced, oracle, "w999") and completing(spaced, oracle, "w421") == 3
+
+
+def test_usage_count_is_the_outputs_plus_a_trimmed_stop_string() -> None:
+    from specaudit.checks.stops import check_stop_output, check_usage, expected_usage
+
+    oracle = [216, 479, 161, 421, 316]
+    assert expected_usage(spaced, oracle, [216], "w479 w161 w421", False) == 4  # the trimmed tokens were generated
+    assert expected_usage(spaced, oracle, [216, 479, 161, 421], "w479 w161 w421", True) == 4
+    assert expected_usage(spaced, oracle, oracle, None, False) == 5
+    assert check_usage(4, 4, 0) is None
+    over = check_usage(7, 4, 2)
+    assert over is not None and (over.rule, over.request, over.evidence["reported"]) == ("usage-count", 2, 7)
+    text = check_stop_output(spaced, oracle, [216, 479], "w216", "w479", True, 1)  # ids kept, text trimmed
+    assert text is not None and text.rule == "stop-string" and "text 'w216'" in text.found
+    finish = check_stop_output(spaced, oracle, [216, 479], "w216 w479", "w479", True, 1, "length")
+    assert finish is not None and "finish reason 'length'" in finish.found
+    assert check_stop_output(spaced, oracle, [216, 479], "w216 w479", "w479", True, 1, "stop") is None
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(workloads(512))
+def test_drawn_stops_start_within_the_limit_or_set_it(workload: Workload) -> None:
+    """Stop specs stay in range, a limit set from a stop lies one or two tokens past its last token,
+    and the stops survive the reproducer's JSON."""
+    assert len(workload.stops) == len(workload.prompts)
+    for spec, limit in zip(workload.stops, workload.limits):
+        if spec is not None:
+            start, n, head, tail, _ = spec
+            assert 1 <= n <= 3 and 0 <= head <= 2 and 0 <= tail <= 2 and (head == 0 or n == 1)
+            assert start < limit or start + n - 1 + 2 >= limit
+    assert Workload.from_json(workload.to_json()) == workload
+
+
+@settings(max_examples=20, deadline=None, database=None)
+@given(workloads(512, stops=False))
+def test_no_stop_strings_unless_asked(workload: Workload) -> None:
+    """`audit-openvino` without `--stop-strings` draws none (its default configurations stay green)."""
+    assert all(spec is None for spec in workload.stops)
+
+
+def test_a_flaky_search_is_reported_as_not_reproducible() -> None:
+    """Hypothesis's Flaky (a workload failing once, not when run again) reads cause first."""
+    from hypothesis.errors import FlakyFailure
+
+    from specaudit.adapters.openvino.audit import unreliable
+
+    text = unreliable(FlakyFailure("Hypothesis probe(workload=...) produces unreliable results", [ValueError("x")]))
+    assert text.startswith("not reproducible: a workload failed once") and "probe(workload=...)" in text
+    assert unreliable(ValueError("y")) == "ValueError: y"

@@ -213,6 +213,13 @@ def test_figures_from_a_blackbox_report() -> None:
               "seconds": 6.0, "oracle_seconds": 2.0}  # fmt: skip
     figures = from_report(report)
     assert (figures["overlapped"], figures["peak_in_flight"]) == (3, 2), f"figures {figures}, should be 3 and peak 2"
+    assert (figures["stop_strings"], figures["ended_at_stop"]) == (0, 0)
+    rows[0] |= {"stop": "w5", "tokens": [5], "max_new_tokens": 4}
+    rows[1] |= {"stop": "w6", "tokens": [6] * 4, "max_new_tokens": 4}
+    figures = from_report(report)
+    assert (figures["stop_strings"], figures["ended_at_stop"]) == (2, 1), figures
+    outcome = ConfigurationOutcome("tiny", "control", None, True, "exact", stop_strings=2, ended_at_stop=1)
+    assert "2 requests carried one, 1 ended short of max_tokens" in render_markdown([outcome])
     assert peak_in_flight([(0, 1), (1, 2)]) == 2, "a request answered as another is sent should count as overlapping"
 
 

@@ -4,6 +4,11 @@ counts. Each planted vLLM bug of those classes (`reference.vllm_mutants`, worklo
 caught by the white box's judgement (every paged rule, the output contract, equivalence with the
 batch-size-1 oracle) with the check and rule the catalog names; unpatched vLLM passes the same
 workloads. Runs vLLM in a fresh process each (one engine per process); needs the vLLM venv.
+
+Stop strings and usage counts live in vLLM's front end (its detokenizer, its completions API),
+which only a served vLLM runs: the served test starts the OpenAI-compatible server drafting for
+itself, unpatched and with each planted front-end bug (`SERVED_MUTANTS`), and runs the black box
+(`transports.audit_server`) with a stop string on every request.
 """
 
 from __future__ import annotations
@@ -114,3 +119,40 @@ def test_planted_stop_and_order_bugs_are_caught_with_their_rule(model: Path, mut
     first, seen, _ = found[which]
     assert first == f"{mutant.check}/{mutant.rule}" and found["order"][2] == "1", found
     assert seen == str(int(mutant.output_visible)), found
+
+
+SERVED_PROMPTS, SERVED_LIMIT = 8, 24
+
+
+def served_mutants() -> list[Any]:
+    from specaudit.reference.vllm_mutants import SERVED_MUTANTS
+
+    return [pytest.param(None, id="unpatched"), *(pytest.param(m, id=m.name) for m in SERVED_MUTANTS)]
+
+
+@needs_vllm
+@pytest.mark.parametrize("mutant", served_mutants())
+def test_planted_stop_and_order_bugs_of_the_served_front_end(model: Path, tmp_path: Path, mutant: Any) -> None:
+    """A served vLLM drafting for itself (every draft accepted: runs of 6 tokens carry a stop string's
+    completion with tokens after it), every request with a stop string drawn from its oracle's text:
+    unpatched, the black box passes; each planted front-end bug fails it with the catalog's rule only."""
+    from specaudit.adapters.transports import audit_server
+    from specaudit.adapters.vllm_lifecycle import SERVER_ENV, free_port, server_command, serving
+    from specaudit.adapters.vllm_server import SELF_DRAFT_TOKENS, SERVER_BLOCK, boundary_prompts, workaround_env
+    from specaudit.reference.vllm_mutants import PLANT_ENV
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    spec = {"method": "draft_model", "model": str(model), "num_speculative_tokens": SELF_DRAFT_TOKENS}
+    command = server_command(sys.executable, model, port, spec) + list(SERVER_BLOCK)
+    env = {**SERVER_ENV, **workaround_env(), PLANT_ENV: mutant.name if mutant else ""}
+    with serving(command, url, tmp_path / "server.log", 900.0, env):
+        result = audit_server(url, str(model), boundary_prompts(512, SERVED_PROMPTS, 0), max_new_tokens=SERVED_LIMIT,
+                              seed=0, spread_s=0.3, model=str(model), dtype="float32", stop_share=1.0)  # fmt: skip
+    stopped = [o for o in result.outcomes if o.request.stop is not None]
+    assert len(stopped) >= SERVED_PROMPTS - 1, result.render()
+    if mutant is None:
+        assert result.passed, result.render()
+        assert all(len(o.tokens or ()) < SERVED_LIMIT for o in stopped), result.render()
+        return
+    assert not result.passed and {v.rule for v in result.violations} == {mutant.rule}, result.render()

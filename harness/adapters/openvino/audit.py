@@ -36,6 +36,14 @@ from specaudit.adapters.openvino.engine import EngineOptions, OpenVinoEngine, bu
 from specaudit.adapters.openvino.precision import CPU_DEFAULTS, at_precision, low_precision, rejudged
 from specaudit.adapters.openvino.workloads import Workload, workloads
 from specaudit.artifacts.reproducer import Reproducer
+from specaudit.checks.stops import (
+    check_stop_output,
+    check_usage,
+    completing,
+    expected_usage,
+    expected_with_stop,
+    stop_from,
+)
 from specaudit.contracts.engine import ENGINE_RULES
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import Violation
@@ -66,19 +74,66 @@ class Run:
     ragged_share: float
     steps: int
     cancelled: list[int]
+    stops: dict[int, Stop] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A request's stop string as a run resolved it from the request's oracle (EOS applied)."""
+
+    text: str
+    include: bool
+    oracle: tuple[int, ...]  # the oracle's tokens up to the request's limit
+    completes: int | None  # index of the token completing it within the limit; None: it does not stop the request
+    kept: int | None = None  # tokens a request keeps when the stop is not included (those before it)
+
+
+_ORACLES: dict[tuple[int, tuple[int, ...], int, int | None], list[int]] = {}
+
+
+def oracle_tokens(target: torch.nn.Module, prompt: tuple[int, ...], n: int, eos: int | None) -> list[int]:
+    """`greedy_oracle`'s tokens, remembered per target, prompt, length and EOS: a known defect's
+    explanation runs the same workload several times, and these oracles are most of a run's time."""
+    key = (id(target), tuple(prompt), n, eos)
+    if key not in _ORACLES:
+        with torch.no_grad():
+            _ORACLES[key] = [int(t) for t in greedy_oracle(target, prompt, max_new_tokens=n, eos_token_id=eos).tokens]
+    return _ORACLES[key]
+
+
+def resolve_stops(target: torch.nn.Module, workload: Workload, eos: int | None, decode: Callable) -> dict[int, Stop]:
+    """Each drawn stop string (`Workload.stops`) from its request's oracle, read past the limit where
+    the stop lies beyond it; a stop `stop_from` finds unjudgeable (or cut off by the EOS) is dropped,
+    and so is one the EOS token completes (the EOS kept, or the stop string cut: both are answers)."""
+    out = {}
+    for i, prompt in enumerate(workload.prompts):
+        spec = workload.stop(i)
+        if spec is None:
+            continue
+        start, n, head, tail, include = spec
+        limit = workload.limits[i]
+        oracle = oracle_tokens(target, prompt, max(limit, start + n), eos)
+        text = stop_from(decode, oracle, start, n, head, tail, include)
+        ends = None if text is None else completing(decode, oracle, text)
+        if text is not None and (eos is None or oracle[ends] != eos):  # a stop completed by the EOS: two answers
+            cut = expected_with_stop(decode, oracle[:limit], text, False)
+            out[i] = Stop(text, include, tuple(oracle[:limit]), completing(decode, oracle[:limit], text),
+                          None if cut is None else len(cut))  # fmt: skip
+    return out
 
 
 def eos_token(target: torch.nn.Module, workload: Workload) -> int | None:
     """Request 0's oracle token at `eos_at` (an EOS the target emits part-way), None without one."""
     if workload.eos_at is None:
         return None
-    with torch.no_grad():
-        tokens = greedy_oracle(target, workload.prompts[0], max_new_tokens=workload.eos_at + 1, eos_token_id=None)
-    return int(tokens.tokens[min(workload.eos_at, len(tokens.tokens) - 1)])
+    tokens = oracle_tokens(target, workload.prompts[0], workload.eos_at + 1, None)
+    return tokens[min(workload.eos_at, len(tokens) - 1)]
 
 
-def drive(engine: OpenVinoEngine, workload: Workload) -> tuple[dict[int, list[int]], dict[int, int], dict[int, int],
-                                                                 dict[int, int], Violation | None, int]:  # fmt: skip
+Drive = tuple[dict[int, list[int]], dict[int, int], dict[int, int], dict[int, int], Violation | None, int]
+
+
+def drive(engine: OpenVinoEngine, workload: Workload, stops: dict[int, Stop]) -> Drive:
     """Add each request at its arrival step, cancel at its cancel step, step until nothing is unfinished.
     Returns tokens, added step, finished step, tokens held when cancelled (per request), the engine's
     error and the steps."""
@@ -93,7 +148,9 @@ def drive(engine: OpenVinoEngine, workload: Workload) -> tuple[dict[int, list[in
         for step in range(budget):
             for i, arrival in enumerate(workload.arrivals):
                 if arrival == step:
-                    engine.add_request(i, workload.prompts[i], workload.limits[i], workload.ks[i])
+                    stop = stops.get(i)
+                    text, include = (None, False) if stop is None else (stop.text, stop.include)
+                    engine.add_request(i, workload.prompts[i], workload.limits[i], workload.ks[i], text, include)
                     added[i] = step
                 cancel = workload.cancels[i]
                 if cancel is not None and i in added and added[i] + cancel == step and i not in done:
@@ -113,13 +170,18 @@ def drive(engine: OpenVinoEngine, workload: Workload) -> tuple[dict[int, list[in
 
 
 def judged(
-    label: str, target: torch.nn.Module, workload: Workload, engine: OpenVinoEngine, eos: int | None
-) -> tuple[EngineAuditResult, list[int], int]:
+    label: str, target: torch.nn.Module, workload: Workload, engine: OpenVinoEngine, eos: int | None,
+    stops: dict[int, Stop] | None = None,
+) -> tuple[EngineAuditResult, list[int], int]:  # fmt: skip
     """The workload's outputs judged: a cancelled request against its oracle up to what it emitted
-    (a request cancelled before its first token is not compared); anything emitted after the
-    cancel breaks `aborted-silent`."""
+    (a request cancelled before its first token is not compared, nor is a cancelled request's stop
+    string); anything emitted after the cancel breaks `aborted-silent`. A finished request with a stop
+    string whose ids follow its oracle is judged by `checks.stops` (ids, text, finish reason), then
+    compared up to where it stopped; one whose ids leave the oracle is left to the equivalence check
+    (ties followed), its stop string unjudged. Then each request's usage count (`usage_checked`)."""
+    stops = stops or {}
     start = time.perf_counter()
-    tokens, added, done, cancelled, error, steps = drive(engine, workload)
+    tokens, added, done, cancelled, error, steps = drive(engine, workload, stops)
     seconds = time.perf_counter() - start
     requests, answers = [], {}
     vocab = int(target.config.vocab_size)
@@ -148,13 +210,39 @@ def judged(
             why = error or contract_violation("responds", f"unfinished after {steps} steps with {len(got)} of "
                                               f"{workload.limits[i]} tokens", i)  # fmt: skip
             answers[i] = Answer(tuple(got), replace(why, request=i), added.get(i), None, note)
+        elif i in stops and got == list(stops[i].oracle[: len(got)]):
+            stop = stops[i]
+            broken = check_stop_output(engine.decode, stop.oracle, got, engine.text(i), stop.text, stop.include, i,
+                                       engine.finish.get(i))  # fmt: skip
+            if stop.completes is not None and broken is None:  # stopped where it should: compare what it kept
+                requests[-1] = request = replace(request, max_new_tokens=len(got))
+            answers[i] = Answer(tuple(got), broken or check_tokens(request, got, eos), added[i], done[i], note)
         else:
             answers[i] = Answer(tuple(got), check_tokens(request, got, eos), added[i], done[i], note)
     if not requests:  # every request cancelled before its first token: judge nothing, but say so
         requests.append(Request(0, workload.prompts[0], 1, 0.0))
         answers[0] = Answer((), contract_violation("responds", "no request emitted a token", 0), None, None)
     result = judge_answers(label, "steps", target, requests, answers, eos, DTYPE, seconds, error)
-    return result, sorted(cancelled), steps
+    return usage_checked(result, engine, stops, set(cancelled)), sorted(cancelled), steps
+
+
+def usage_checked(
+    result: EngineAuditResult, engine: OpenVinoEngine, stops: dict[int, Stop], cancelled: set[int]
+) -> EngineAuditResult:
+    """Each finished request's generated-token count (the handle's perf metrics) against its outputs
+    (`checks.stops.check_usage`): judged only where the outputs themselves passed, so the count is
+    compared with right outputs; a cancelled request's count is not judged."""
+    outcomes = []
+    for o in result.outcomes:
+        i, reported = o.request.id, engine.usage(o.request.id)
+        judged_outputs = o.error is None and o.violation is None and o.tokens is not None
+        if judged_outputs and i not in cancelled and reported is not None:
+            stop = stops.get(i)
+            text, include = (None, False) if stop is None else (stop.text, stop.include)
+            want = expected_usage(engine.decode, () if stop is None else stop.oracle, o.tokens, text, include)
+            o = replace(o, error=check_usage(reported, want, i))
+        outcomes.append(o)
+    return replace(result, outcomes=tuple(outcomes))
 
 
 def bad_token(found: str, vocab: int, request: int) -> Violation:
@@ -224,16 +312,18 @@ def run_one(
     """A fresh pipeline (no state carried between workloads, so a reproducer replays alone)."""
     engine = OpenVinoEngine(build_pipeline(target_ir, draft_ir, options), options, None)
     engine.eos = eos_token(target, workload)
-    result, cancelled, steps = judged(label, target, workload, engine, engine.eos)
-    return Run(workload, result, engine.acceptance(), engine.log.ragged_share(), steps, cancelled)
+    stops = resolve_stops(target, workload, engine.eos, engine.decode)
+    result, cancelled, steps = judged(label, target, workload, engine, engine.eos, stops)
+    return Run(workload, result, engine.acceptance(), engine.log.ragged_share(), steps, cancelled, stops)
 
 
 def search(
     name: str, options: EngineOptions, target_ir: Path, draft_ir: Path, target: torch.nn.Module,
-    examples: int, minutes: float, seed: int, say: Callable[[str], None],
+    examples: int, minutes: float, seed: int, say: Callable[[str], None], stops: bool = False,
 ) -> ConfigurationResult:  # fmt: skip
-    """Hypothesis draws up to `examples` workloads within `minutes`; the first failure not explained
-    by a known defect is shrunk (same first check and rule) until the budget ends."""
+    """Hypothesis draws up to `examples` workloads within `minutes` (with stop strings: `stops`); the
+    first failure not explained by a known defect is shrunk (same first check and rule, still
+    unexplained) until the budget ends."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
 
@@ -260,13 +350,11 @@ def search(
                 out.acceptances.append(run.acceptance)
         if run.result.passed:
             return
-        if shrinking:
-            defect = None
-        else:
-            defect = explained(options, lambda o: run_one(target_ir, draft_ir, target, o, workload, f"openvino-{name}"))
-        if defect is not None:
+        defects = explained(options, run, lambda o, w: run_one(target_ir, draft_ir, target, o, w, f"openvino-{name}"))
+        for defect in [] if shrinking else defects:
             out.known[defect] = out.known.get(defect, 0) + 1
             out.known_runs.setdefault(defect, run)
+        if defects:  # a known defect (while shrinking too: a shrink must not wander into one)
             return
         if low_precision(options):  # judged against the non-speculative control at the same precision
             control = run_one(target_ir, draft_ir, target, replace(options, method="none"), workload, "control")
@@ -286,17 +374,30 @@ def search(
 
     checked = settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate, Phase.shrink],
                        suppress_health_check=list(HealthCheck), print_blob=False)  # fmt: skip
-    test = hypothesis_seed(seed)(checked(given(workloads(vocab))(probe)))
+    test = hypothesis_seed(seed)(checked(given(workloads(vocab, stops=stops))(probe)))
     try:
         test()
     except _Failed:
         pass
     except Exception as exc:  # Hypothesis's own (Flaky: the budget ran out while shrinking): keep the smallest seen
         if out.failure is None:
-            out.error = f"{type(exc).__name__}: {exc}"[:300]
+            out.error = unreliable(exc)
     out.seconds = time.monotonic() - start
     say(f"{name}: {out.verdict} ({out.examples} examples, {out.seconds:.0f} s)")
     return out
+
+
+def unreliable(exc: Exception) -> str:
+    """An error's text, cause first: Hypothesis's Flaky means a workload that failed (unexplained) once
+    passed, or was explained, when run again on a fresh pipeline: the engine's outcome for that
+    workload is not reproducible (nondeterministic outputs, or a known defect that shows only sometimes)."""
+    from hypothesis.errors import Flaky
+
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, Flaky):
+        text = f"not reproducible: a workload failed once and not when run again on a fresh pipeline ({text}"
+        return text[:1200] + ")"
+    return text[:300]
 
 
 def table(results: list[ConfigurationResult]) -> str:
@@ -326,7 +427,9 @@ def write_reproducers(results: list[ConfigurationResult], out: Path) -> list[Pat
     return paths
 
 
-def run_openvino(names: list[str], examples: int, minutes: float, seed: int, out: Path | None) -> int:
+def run_openvino(
+    names: list[str], examples: int, minutes: float, seed: int, out: Path | None, stops: bool = False
+) -> int:
     """`specaudit audit-openvino`: exit 0 when every configuration passes (known defects counted), 1
     otherwise, 2 for an unknown configuration."""
     from specaudit.adapters.openvino.models import ir_directories
@@ -344,7 +447,7 @@ def run_openvino(names: list[str], examples: int, minutes: float, seed: int, out
     start = time.monotonic()
     target_ir, draft_ir, hf_target = ir_directories(say=say)
     target = load_target(str(hf_target), "float64")
-    results = [search(n, CONFIGURATIONS[n], target_ir, draft_ir, target, examples, minutes, seed, say)
+    results = [search(n, CONFIGURATIONS[n], target_ir, draft_ir, target, examples, minutes, seed, say, stops)
                for n in names]  # fmt: skip
     print(table(results))
     from specaudit.adapters.openvino.defects import KNOWN_DEFECTS

@@ -3,7 +3,9 @@
 `add_request`, `step`, `has_unfinished` and `abort` of the engine contract
 (`contracts.engine`) over the pipeline's `add_request`, `step`, `has_non_finished_requests` and
 the request handle's `cancel`. Each step's emissions are also kept (`steps`): tokens emitted per
-request per step are the per-step evidence acceptance and raggedness are computed from.
+request per step are the per-step evidence acceptance and raggedness are computed from. Per
+request it also keeps what the API reports besides the ids: the last finish reason, the handle's
+generated-token count (`usage`) and the text the wrapper detokenizes (`text`).
 """
 
 from __future__ import annotations
@@ -101,8 +103,12 @@ class OpenVinoEngine:
         self.log = StepLog()
         self.first_step: dict[int, int] = {}
         self.k_of: dict[int, int] = {}
+        self.tokens: dict[int, list[int]] = {}
+        self.finish: dict[int, str] = {}  # "stop" or "length": the last finish reason other than NONE
+        self.tokenizer: Any = None
 
-    def generation_config(self, max_new_tokens: int, k: int) -> Any:
+    def generation_config(self, max_new_tokens: int, k: int, stop: str | None = None, include: bool = False) -> Any:
+        """`stop`: this request's stop string (the options' set when None), `include`: include_stop_str_in_output."""
         import openvino_genai as ov_genai
 
         config = ov_genai.GenerationConfig()
@@ -113,8 +119,10 @@ class OpenVinoEngine:
             config.stop_token_ids = {self.eos}
         else:
             config.ignore_eos = True
-        if self.options.stop_strings:
-            config.stop_strings = set(self.options.stop_strings)
+        stops = {stop} if stop is not None else set(self.options.stop_strings)
+        if stops:
+            config.stop_strings = stops
+            config.include_stop_str_in_output = include
         if self.options.method in ("draft", "lookup"):
             config.num_assistant_tokens = k
         if self.options.method == "lookup":
@@ -122,15 +130,17 @@ class OpenVinoEngine:
         return config
 
     def add_request(
-        self, request_id: int, prompt_ids: Sequence[int], max_new_tokens: int, k: int | None = None
-    ) -> None:
-        """`k`: this request's num_assistant_tokens (the options' K by default), so a batch mixes draft counts."""
+        self, request_id: int, prompt_ids: Sequence[int], max_new_tokens: int, k: int | None = None,
+        stop: str | None = None, include: bool = False,
+    ) -> None:  # fmt: skip
+        """`k`: this request's num_assistant_tokens (the options' K by default), so a batch mixes draft
+        counts; `stop`, `include`: its stop string and include_stop_str_in_output."""
         import numpy as np
         import openvino as ov
 
         self.k_of[request_id] = k or self.options.k
         ids = ov.Tensor(np.asarray([list(prompt_ids)], dtype=np.int64))
-        config = self.generation_config(max_new_tokens, self.k_of[request_id])
+        config = self.generation_config(max_new_tokens, self.k_of[request_id], stop, include)
         self.handles[request_id] = self.pipeline.add_request(request_id, ids, config)
 
     def step(self) -> dict[int, list[int]]:
@@ -140,7 +150,12 @@ class OpenVinoEngine:
             if handle.can_read():
                 for output in handle.read().values():
                     out.setdefault(rid, []).extend(int(t) for t in output.generated_ids)
+                    reason = output.finish_reason.name.lower()
+                    if reason != "none":
+                        self.finish[rid] = reason
         out = {rid: tokens for rid, tokens in out.items() if tokens}
+        for rid, tokens in out.items():
+            self.tokens.setdefault(rid, []).extend(tokens)
         for rid in out:
             self.first_step.setdefault(rid, len(self.log.emitted))
         self.log.emitted.append({rid: len(tokens) for rid, tokens in out.items()})
@@ -163,3 +178,18 @@ class OpenVinoEngine:
 
         handle = self.handles.get(request_id)
         return handle is not None and handle.get_status() != ov_genai.GenerationStatus.RUNNING
+
+    def usage(self, request_id: int) -> int | None:
+        """The handle's count of generated tokens (its perf metrics'), None for an unknown request."""
+        handle = self.handles.get(request_id)
+        return None if handle is None else int(handle.get_perf_metrics().get_num_generated_tokens())
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The pipeline's own tokenizer's text of `ids`."""
+        if self.tokenizer is None:
+            self.tokenizer = self.pipeline.get_tokenizer()
+        return str(self.tokenizer.decode(list(ids)))
+
+    def text(self, request_id: int) -> str:
+        """The text of the ids the request emitted (the step API returns ids only; a user decodes them)."""
+        return self.decode(self.tokens.get(request_id, []))

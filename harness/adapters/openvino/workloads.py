@@ -1,6 +1,8 @@
 """Workloads the OpenVINO audit draws: prompts (random, repeated motifs so that prompt lookup
 drafts, or sharing another prompt's prefix so that prefix caching hits), per-request limits,
-K and arrival steps, cancels, and an EOS the target emits part-way."""
+K and arrival steps, cancels, an EOS the target emits part-way, and stop strings taken from the
+oracle's own continuation (so that they complete inside accepted runs), some with a limit one or two
+tokens past the stop's last token (a stop and `max_new_tokens` inside one accepted run)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,19 @@ MAX_PROMPT = 40
 MAX_LIMIT = 24
 MAX_ARRIVAL = 6
 MAX_K = 7
+MAX_STOP_TOKENS = 3
+
+StopSpec = tuple[int, int, int, int, bool]
+"""(start, n, head, tail, include): the stop string is the text of the oracle's tokens
+start..start+n-1 less `head` characters at its start (one token only) and `tail` at its end
+(`checks.stops.stop_from`); `include`: include_stop_str_in_output."""
 
 
 @dataclass(frozen=True)
 class Workload:
     """Requests 0..n-1: prompt, max_new_tokens, K, arrival step, cancel step after arrival (None: never);
-    `eos_at`: the EOS is request 0's oracle token at that index (None: no EOS)."""
+    `eos_at`: the EOS is request 0's oracle token at that index (None: no EOS); `stops`: per request
+    a `StopSpec` or None (empty: none at all)."""
 
     prompts: tuple[tuple[int, ...], ...]
     limits: tuple[int, ...]
@@ -28,6 +37,10 @@ class Workload:
     arrivals: tuple[int, ...]
     cancels: tuple[int | None, ...]
     eos_at: int | None = None
+    stops: tuple[StopSpec | None, ...] = ()
+
+    def stop(self, request: int) -> StopSpec | None:
+        return self.stops[request] if request < len(self.stops) else None
 
     def to_json(self) -> dict[str, Any]:
         return {k: [list(p) for p in v] if k == "prompts" else (list(v) if isinstance(v, tuple) else v)
@@ -35,12 +48,15 @@ class Workload:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Workload:
+        stops = tuple(None if s is None else (int(s[0]), int(s[1]), int(s[2]), int(s[3]), bool(s[4]))
+                      for s in data.get("stops") or ())  # fmt: skip
         return cls(tuple(tuple(int(t) for t in p) for p in data["prompts"]), tuple(data["limits"]), tuple(data["ks"]),
-                   tuple(data["arrivals"]), tuple(data["cancels"]), data.get("eos_at"))  # fmt: skip
+                   tuple(data["arrivals"]), tuple(data["cancels"]), data.get("eos_at"), stops)  # fmt: skip
 
     def size(self) -> str:
         tokens = sum(len(p) for p in self.prompts)
-        return f"{len(self.prompts)} requests, {tokens} prompt tokens, limits {list(self.limits)}"
+        stops = sum(s is not None for s in self.stops)
+        return f"{len(self.prompts)} requests, {tokens} prompt tokens, limits {list(self.limits)}, {stops} stop strings"
 
 
 def tokens(vocab: int, low: int, high: int) -> st.SearchStrategy[list[int]]:
@@ -65,14 +81,31 @@ def prompt_after(draw: st.DrawFn, earlier: list[tuple[int, ...]], vocab: int) ->
 
 
 @st.composite
-def workloads(draw: st.DrawFn, vocab: int, max_requests: int = 6) -> Workload:
+def workloads(draw: st.DrawFn, vocab: int, max_requests: int = 6, stops: bool = True) -> Workload:
+    """A drawn workload; `stops`: some requests carry a stop string (`audit-openvino --stop-strings`)."""
     n = draw(st.integers(1, max_requests))
     prompts: list[tuple[int, ...]] = []
     for _ in range(n):
         prompts.append(draw(prompt_after(prompts, vocab)))
     limits = [draw(st.integers(1, MAX_LIMIT)) for _ in range(n)]
+    specs: list[StopSpec | None] = []
+    for i in range(n):
+        spec = draw(stop_spec(limits[i])) if stops and draw(st.integers(0, 2)) == 0 else None
+        specs.append(spec)
+        if spec is not None and draw(st.booleans()):  # the limit one or two tokens past the stop's last token
+            limits[i] = spec[0] + spec[1] - 1 + draw(st.integers(1, 2))
     ks = [draw(st.integers(1, MAX_K)) for _ in range(n)]
     arrivals = [draw(st.integers(0, MAX_ARRIVAL)) for _ in range(n)]
     cancels = [draw(st.none() | st.integers(0, 8)) if draw(st.integers(0, 4)) == 0 else None for _ in range(n)]
     eos_at = draw(st.none() | st.integers(1, MAX_LIMIT - 1))
-    return Workload(tuple(prompts), tuple(limits), tuple(ks), tuple(arrivals), tuple(cancels), eos_at)
+    return Workload(tuple(prompts), tuple(limits), tuple(ks), tuple(arrivals), tuple(cancels), eos_at, tuple(specs))
+
+
+@st.composite
+def stop_spec(draw: st.DrawFn, limit: int) -> StopSpec:
+    """One to three tokens' text starting within the limit, sometimes less a character or two at
+    either end (at its start only for one token, so it never starts inside a token and ends in a later one)."""
+    n = draw(st.integers(1, MAX_STOP_TOKENS))
+    start = draw(st.integers(0, max(limit - 1, 0)))
+    head = draw(st.integers(0, 2)) if n == 1 else 0
+    return start, n, head, draw(st.integers(0, 2)), draw(st.booleans())
