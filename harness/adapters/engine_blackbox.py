@@ -42,7 +42,7 @@ from specaudit.checks.coverage import OUTPUTS, Coverage, coverage_of_answers
 from specaudit.checks.equivalence import RowEquivalence, divergence
 from specaudit.checks.outputs import OUTPUT_RULES, OutputEvidence, compared, token_violation
 from specaudit.checks.registry import BLACK_BOX, Evaluation, evaluate
-from specaudit.checks.stops import check_stop, check_usage, expected_with_stop
+from specaudit.checks.stops import check_stop, check_usage, expected_with_stop, finish_violation
 from specaudit.contracts import subjects
 from specaudit.contracts.builtins import MODELS
 from specaudit.contracts.violation import Violation
@@ -266,10 +266,7 @@ def stop_violation(decode: Decode, request: Request, oracle: Sequence[int], answ
     if answer.text is not None and answer.text != text:
         found = f"{head} returned the text {answer.text!r} for ids {list(answer.tokens)}"
         return Violation("contract", "stop-string", found, f"the text {text!r}", request=request.id)
-    if answer.finish is not None and answer.finish != "stop":
-        found = f"{head} ended at its stop string with finish reason {answer.finish!r}"
-        return Violation("contract", "stop-string", found, "finish reason 'stop'", request=request.id)
-    return None
+    return finish_violation(answer.finish, request.stop, request.id)
 
 
 def usage_violation(request: Request, ids: Sequence[int], usage: Any) -> Violation | None:

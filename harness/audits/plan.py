@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -158,8 +157,7 @@ def drivers() -> list[SubjectDriver]:
     found = []
     for kind in subjects.KINDS:
         if kind.driver is not None:
-            module, _, name = kind.driver.partition(":")
-            made = getattr(importlib.import_module(module), name)
+            made = subjects.resolve(kind.driver)
             if made.kind != kind.name:
                 raise ValueError(
                     f"contracts.subjects row {kind.name!r} names {kind.driver}, a driver of kind {made.kind!r}"

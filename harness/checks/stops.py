@@ -27,9 +27,10 @@ def expected_with_stop(
     """The oracle's tokens as a request with `stop` returns them; None when the stop string does
     not appear within the oracle's tokens (the request then runs to its limit)."""
     tokens = list(oracle)
-    complete = next((n for n in range(1, len(tokens) + 1) if stop in decode(tokens[:n])), None)
-    if complete is None:
+    last = completing(decode, tokens, stop)
+    if last is None:
         return None
+    complete = last + 1
     if include:
         return tokens[:complete]
     start = decode(tokens[:complete]).index(stop)
@@ -62,12 +63,10 @@ USAGE_RULE = "usage-count"
 def boundaries(decode: Callable[[list[int]], str], tokens: Sequence[int]) -> list[int] | None:
     """Where each token's text starts and the last ends in `decode(tokens)` (len n + 1); None when
     a prefix's text is not a prefix of the whole (no token-level answer for a stop string there)."""
-    tokens = list(tokens)
-    whole = decode(tokens)
-    cuts = [len(decode(tokens[:j])) for j in range(len(tokens) + 1)]
-    if any(not whole.startswith(decode(tokens[:j])) for j in range(len(tokens) + 1)):
+    texts = [decode(list(tokens[:j])) for j in range(len(tokens) + 1)]
+    if any(not texts[-1].startswith(text) for text in texts):
         return None
-    return cuts
+    return [len(text) for text in texts]
 
 
 def judgeable(decode: Callable[[list[int]], str], tokens: Sequence[int], stop: str, include: bool = True) -> bool:
@@ -130,10 +129,16 @@ def check_stop_output(
         found = f"request {request} with stop string {stop!r} returned ids {list(ids)} but text {text!r}"
         return Violation("contract", "stop-string", found, f"the text of its ids, {decode(list(ids))!r}",
                          request=request)  # fmt: skip
-    if want is not None and finish is not None and finish != "stop":
-        found = f"request {request} ended at its stop string {stop!r} with finish reason {finish!r}"
-        return Violation("contract", "stop-string", found, "finish reason 'stop'", request=request)
-    return None
+    return None if want is None else finish_violation(finish, stop, request)
+
+
+def finish_violation(finish: str | None, stop: str, request: int) -> Violation | None:
+    """A `stop-string` violation when a request its stop string ended reports another finish reason
+    (None: the engine reports none)."""
+    if finish is None or finish == "stop":
+        return None
+    found = f"request {request} ended at its stop string {stop!r} with finish reason {finish!r}"
+    return Violation("contract", "stop-string", found, "finish reason 'stop'", request=request)
 
 
 def expected_usage(
@@ -141,9 +146,9 @@ def expected_usage(
 ) -> int:
     """The generated-token count a request's output implies: its tokens, plus the stop string's tokens
     trimmed from them (generated, then cut) when the stop string ended it without being included."""
-    if stop is None or include or expected_with_stop(decode, oracle, stop, False) is None:
+    kept = None if stop is None or include else expected_with_stop(decode, oracle, stop, False)
+    if kept is None:
         return len(ids)
-    kept = expected_with_stop(decode, oracle, stop, False) or []
     return len(ids) + len(expected_with_stop(decode, oracle, stop, True) or []) - len(kept)
 
 

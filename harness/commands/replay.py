@@ -10,7 +10,6 @@ the function that runs it again (`replayer`), so a new kind is replayed without 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -179,8 +178,7 @@ Replayer = Callable[[Reproducer, ReplayOptions], Any]
 def replayer(kind: SubjectKind) -> Replayer:
     """The function its row names (`module:function`), imported now: an adapter's replayer loads
     only when a file of its kind is replayed."""
-    module, _, name = str(kind.replayer).partition(":")
-    function: Replayer = getattr(importlib.import_module(module), name)
+    function: Replayer = subjects.resolve(str(kind.replayer))
     return function
 
 

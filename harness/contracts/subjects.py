@@ -29,7 +29,9 @@ Standard library only: the formats, the registry, the plan and replay all import
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Any
 
 EVIDENCE_DECODER = "decoder"  # a decoder's run (`running.runner.Run`)
 EVIDENCE_ENGINE = "engine"  # a white-box engine session after every step (`checks.engine_step.EngineStep`)
@@ -127,6 +129,13 @@ REPRODUCER_KINDS = distinct([kind.reproducer for kind in KINDS])
 REPORT_KINDS = distinct([kind.report for kind in KINDS])
 """Every report.json entry's `"kind"`, in table order."""
 NAMES = tuple(kind.name for kind in KINDS)
+
+
+def resolve(path: str) -> Any:
+    """The object a row's `module:attribute` path names (`replayer`, `driver`), imported now: the
+    table names an adapter's function without importing it."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def named(name: str) -> SubjectKind:
