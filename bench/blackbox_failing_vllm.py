@@ -29,10 +29,10 @@ import torch
 from blackbox_failing import ORACLES, Sample, oracle_mode, rotated, table, verdict_of
 
 from specaudit.adapters.transports import audit_server
-from specaudit.adapters.vllm_lifecycle import HOST, SERVER_ENV, check_python, free_port, server_command, serving
-from specaudit.adapters.vllm_models import model_directories
-from specaudit.adapters.vllm_server import SERVER_BLOCK, boundary_prompts, speculative_config
-from specaudit.adapters.vllm_whitebox import load_target
+from specaudit.adapters.vllm.lifecycle import HOST, SERVER_ENV, check_python, free_port, server_command, serving
+from specaudit.adapters.vllm.models import model_directories
+from specaudit.adapters.vllm.server import SERVER_BLOCK, boundary_prompts, speculative_config
+from specaudit.adapters.vllm.whitebox import load_target
 from specaudit.config.settings import VLLM_MODEL_NAMES
 from specaudit.models.pretrained import cache_dir
 from specaudit.reference.vllm_mutants import PLANT_ENV

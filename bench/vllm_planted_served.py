@@ -5,7 +5,9 @@
 greedy. Until the `vllm.general_plugins` entry point, no bug could be put in a server's engine
 core. This runs `specaudit audit-vllm --plant NAME --whitebox-examples 0` per bug on the tiny
 Llama (the black box alone: the white box's level is `make test-vllm`'s), on the configuration
-whose steps the bug needs, and tabulates what the black box saw.
+whose steps the bug needs, and tabulates what the black box saw. The front end's bugs
+(`SERVED_MUTANTS`: stop strings, usage counts) only a served vLLM reaches; they run under the
+target drafting for itself, whose accepted runs carry a stop string's completion past it.
 
     python bench/vllm_planted_served.py [--vllm-python .venv-vllm/bin/python]
 """
@@ -20,11 +22,21 @@ from pathlib import Path
 
 from specaudit.commands.audit_vllm import run_audit_vllm
 from specaudit.config.settings import VllmAuditSettings
-from specaudit.reference.vllm_mutants import MUTANTS
+from specaudit.reference.vllm_mutants import MUTANTS, SERVED, SERVED_MUTANTS, VllmMutant
 
 OUT = Path(__file__).parent / "results" / "vllm_planted_served.md"
 CONFIGURATION = {"stop-checked-per-step": "self-draft"}  # multi-token steps crossing max_tokens
 """The configuration a bug's steps need; the rest run under the draft model (it rejects often)."""
+
+
+def configuration_of(mutant: VllmMutant) -> str:
+    """The front end's bugs under self-drafting (long accepted runs); the others as `CONFIGURATION` says."""
+    return "self-draft" if mutant.workload == SERVED else CONFIGURATION.get(mutant.name, "draft")
+
+
+def in_process(mutant: VllmMutant) -> str:
+    """The catalog's `output_visible`; the front end's bugs have no in-process engine run (no tokenizer)."""
+    return "- (front end)" if mutant.workload == SERVED else ("yes" if mutant.output_visible else "no")
 
 
 def served(name: str, configuration: str, args: argparse.Namespace) -> dict:
@@ -50,8 +62,8 @@ def main() -> None:
     args = parser.parse_args()
     load, wall = os.getloadavg(), time.perf_counter()
     rows = []
-    for mutant in MUTANTS:
-        configuration = CONFIGURATION.get(mutant.name, "draft")
+    for mutant in (*MUTANTS, *SERVED_MUTANTS):
+        configuration = configuration_of(mutant)
         print(f"{mutant.name} ({configuration})", flush=True)
         rows.append((mutant, configuration, served(mutant.name, configuration, args)))
     wall = time.perf_counter() - wall
@@ -63,10 +75,11 @@ def main() -> None:
         f"`SPECAUDIT_VLLM_PLANT=NAME`, 16 requests of the black box's boundary prompts (mixed `max_tokens`, an EOS "
         f"the target emits), over HTTP. Machine: {os.cpu_count()} cores, load average {load[0]:.1f} at the start; "
         f'{wall:.0f} s in all. "In process" is the catalog\'s `output_visible` (the outputs of an in-process '
-        "engine on the observer's workload); the white box catches every one (`make test-vllm`).",
+        "engine on the observer's workload); the white box catches every one of `MUTANTS` (`make test-vllm`). "
+        "`SERVED_MUTANTS` (front end) are the black box's alone, with stop strings drawn from the oracle's text.",
         "",
-        "| planted bug | white box's rule | configuration | black box over HTTP | first check/rule | exact | diverged "
-        "| errors | in process | s |",
+        "| planted bug | catalog's check/rule | configuration | black box over HTTP | first check/rule | exact "
+        "| diverged | errors | in process | s |",
         "|---|---|---|---|---|---:|---:|---:|---|---:|",
     ]
     for mutant, configuration, r in rows:
@@ -75,7 +88,7 @@ def main() -> None:
         lines.append(
             f"| {mutant.name} | {mutant.check}/{mutant.rule} | {configuration} | {verdict} | {first} | "
             f"{r['exact']:.2f} | {r['diverged']} of {r['requests']} | {r['errors']} | "
-            f"{'yes' if mutant.output_visible else 'no'} | {r['seconds']:.0f} |"
+            f"{in_process(mutant)} | {r['seconds']:.0f} |"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

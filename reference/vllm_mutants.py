@@ -36,7 +36,7 @@ SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 LLAMA = "vllm.model_executor.models.llama:LlamaForCausalLM"
 DETOKENIZER = "vllm.v1.engine.detokenizer:BaseIncrementalDetokenizer"
 COMPLETIONS = "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion"
-STAGGERED = "staggered"  # the observer's fixed ngram workload (`vllm_observer.staggered`), in the test process
+STAGGERED = "staggered"  # the observer's fixed ngram workload (`adapters.vllm.observer.staggered`), in the test process
 
 
 @dataclass(frozen=True)

@@ -402,10 +402,13 @@ def test_every_deprecation_is_dated_with_its_removal_release(monkeypatch: pytest
         "specaudit.artifacts.gate",
         "specaudit.artifacts.transplant",
         "specaudit.adapters.realaudit",
+        *(f"specaudit.adapters.vllm_{m}" for m in ("drafts", "lifecycle", "metrics", "models")),
+        *(f"specaudit.adapters.vllm_{m}" for m in ("observer", "report", "server", "whitebox")),
     ],
 )
 def test_shims_only_internal_moves_created_are_gone(old: str) -> None:
-    """The audit's, the gate's, the transplant's and the real-model audit's old paths (issue 26, internal)."""
+    """The audit's, the gate's, the transplant's and the real-model audit's old paths (issue 26, internal),
+    and vLLM's flat modules, now the `specaudit.adapters.vllm` package (issue 39)."""
     assert old not in MODULES
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(old)
@@ -413,7 +416,7 @@ def test_shims_only_internal_moves_created_are_gone(old: str) -> None:
 
 @pytest.mark.parametrize(
     ("module", "name"),
-    [("specaudit.contracts.decoder", "Watchdog"), ("specaudit.adapters.vllm_server", "Server")],
+    [("specaudit.contracts.decoder", "Watchdog"), ("specaudit.adapters.vllm.server", "Server")],
 )
 def test_names_only_internal_moves_created_are_gone(module: str, name: str) -> None:
     assert f"{module}.{name}" not in NAMES

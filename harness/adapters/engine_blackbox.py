@@ -240,6 +240,16 @@ def with_stops(
     return out
 
 
+def with_given_stops(requests: Sequence[Request], stops: Sequence[tuple[str | None, bool]]) -> list[Request]:
+    """The requests with the stop strings and include flags a reproducer stored (one per request, in
+    order), as they are: a replay sends what was sent, not what the seed draws on today's target."""
+    if len(stops) != len(requests):
+        raise ValueError(f"one stop per request: {len(stops)} stops for {len(requests)} requests")
+    if any(s is not None and (not isinstance(s, str) or not s) for s, _ in stops):
+        raise ValueError(f"a stop is a non-empty string or None, got {[s for s, _ in stops]!r}")
+    return [replace(r, stop=s, include_stop=bool(i)) for r, (s, i) in zip(requests, stops)]
+
+
 def stop_text(decode: Decode, ids: Sequence[int], stop: str, include: bool) -> str:
     """vLLM's text of a request that its stop string ended: the text of its ids cut at the stop string's
     first appearance, after it with `include_stop_str_in_output`, before it without."""
@@ -676,6 +686,7 @@ __all__ = [
     "load_target",
     "make_requests",
     "seeded_arrivals",
+    "with_given_stops",
     "with_stops",
 ]
 

@@ -58,6 +58,7 @@ from specaudit.adapters.engine_blackbox import (
     make_requests,
     seeded_arrivals,
     usage_violation,
+    with_given_stops,
     with_stops,
 )
 from specaudit.checks.liveness import WaitLedger, unfinished
@@ -215,6 +216,7 @@ def audit_server(
     say: Callable[[str], None] | None = None,
     stop_share: float | None = None,
     decode: Decode | None = None,
+    stops: Sequence[tuple[str | None, bool]] | None = None,
 ) -> EngineAuditResult:
     """Send every prompt to an OpenAI-compatible completions server at a staggered arrival and judge the outputs.
 
@@ -223,17 +225,22 @@ def audit_server(
     must be the server's EOS id (None: `ignore_eos` is sent and every request runs to `max_tokens`).
     Where the target has a tokenizer (`decode`, else its directory's `tokenizer.json`), a seeded
     `stop_share` of the requests (default `STOP_SHARE`; 0: none) carry a stop string drawn from their
-    oracle's text (`engine_blackbox.with_stops`), judged on their ids and text. Every answer's usage
+    oracle's text (`engine_blackbox.with_stops`), judged on their ids and text; `stops` (a reproducer's:
+    stop string or None and `include_stop`, one per prompt) are sent as given instead. Every answer's usage
     counts are judged against its ids. Nothing is raised for the server's faults: errors are
     per-request contract violations. `say` gets progress lines.
     """
     target_model = load_target(target, dtype)
     offsets = list(arrivals) if arrivals is not None else seeded_arrivals(len(prompts), seed, spread_s)
     requests = make_requests(prompts, offsets, max_new_tokens)
+    requests = requests if stops is None else with_given_stops(requests, stops)
     share = STOP_SHARE if stop_share is None else stop_share
-    decode = decode or (detokenizer(target) or detokenizer(target_model) if share > 0 else None)
-    if decode is not None and share > 0:
+    wanted = share > 0 if stops is None else any(r.stop is not None for r in requests)
+    decode = decode or (detokenizer(target) or detokenizer(target_model) if wanted else None)
+    if stops is None and decode is not None and share > 0:
         requests = with_stops(target_model, requests, eos_token_id, decode, seed, share)
+    if stops is not None and wanted and decode is None:
+        raise ValueError("stop strings given, and the target has no tokenizer to judge their text")
     client = CompletionsClient(url, model=model, timeout_s=timeout_s)
     start = time.perf_counter()
     if say is not None:

@@ -145,7 +145,7 @@ LEGACY_BLACKBOX = "specaudit-blackbox"
 """The `kind` of a black-box reproducer written before the envelope."""
 ENGINE_PAYLOAD = ("num_draft_tokens", "eos_token_id", "pad_token_id", "ops")
 BLACKBOX_SUBJECT = ("transport", "server", "engine", "target", "served_model", "dtype")
-BLACKBOX_PAYLOAD = ("seed", "spread", "eos_token_id", "max_batch", "requests")
+BLACKBOX_PAYLOAD = ("seed", "spread", "eos_token_id", "max_batch", "requests", "stops_recorded")
 PAGED_PAYLOAD = ("new_tokens", "prompts", "arrivals", "aborts")
 
 

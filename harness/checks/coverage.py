@@ -424,7 +424,7 @@ def in_flight_at(entries: list[Entry], entry: Entry, same_time: bool = False) ->
 
 def peak_in_flight(entries: list[Entry]) -> int:
     """The most requests in flight at one time, spans [admitted, retired] closed (a request let
-    go as another is taken counts as overlapping, as `adapters.vllm_report.peak_in_flight`)."""
+    go as another is taken counts as overlapping, as `adapters.vllm.report.peak_in_flight`)."""
     spans = [(e.admitted, e.retired) for e in entries if e.admitted is not None]
     if not spans:
         return 0

@@ -123,7 +123,7 @@ def check_paged(
 ) -> list[Violation]:
     """Every rule on every target forward, forward by forward, each forward's cause first (one
     violation per request, call and rule; see `cause_first`); kv-entry only with a `reference`
-    (e.g. `vllm_observer.hf_kv_reference`) and recorded K/V."""
+    (e.g. `adapters.vllm.observer.hf_kv_reference`) and recorded K/V."""
     ledger, found = WriteLedger(), []
     entries = Entries(trace, reference, tolerance) if reference is not None else None
     order = {r: i for i, r in enumerate(trace.prompts)}

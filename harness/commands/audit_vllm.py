@@ -6,8 +6,8 @@ The black box: `specaudit blackbox` against a vLLM OpenAI-compatible server (sta
 the target emits part-way sent as the only stop token), /metrics read around it. The white box:
 `python -m specaudit whitebox-vllm` with the vLLM venv's python, Hypothesis drawing
 workloads through an in-process engine whose settings the configuration names
-(`adapters.vllm_server.WHITEBOX`). One report, an entry per level per configuration
-(`adapters.vllm_report`). In the commands layer because it runs commands.
+(`adapters.vllm.server.WHITEBOX`). One report, an entry per level per configuration
+(`adapters.vllm.report`). In the commands layer because it runs commands.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from specaudit.adapters.sampling_blackbox import SamplingVerdict, audit_sampling_server
-from specaudit.adapters.vllm_lifecycle import (
+from specaudit.adapters.vllm.lifecycle import (
     HOST,
     SERVER_ENV,
     ServerError,
@@ -32,10 +32,10 @@ from specaudit.adapters.vllm_lifecycle import (
     server_command,
     serving,
 )
-from specaudit.adapters.vllm_metrics import SpecCounts, fetch_counts
-from specaudit.adapters.vllm_models import model_directories
-from specaudit.adapters.vllm_report import ConfigurationOutcome, from_report, write_reports
-from specaudit.adapters.vllm_server import (
+from specaudit.adapters.vllm.metrics import SpecCounts, fetch_counts
+from specaudit.adapters.vllm.models import model_directories
+from specaudit.adapters.vllm.report import ConfigurationOutcome, from_report, write_reports
+from specaudit.adapters.vllm.server import (
     SERVER_BLOCK,
     boundary_prompts,
     sampling_size,

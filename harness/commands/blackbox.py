@@ -22,13 +22,16 @@ from urllib.parse import urlsplit
 import torch
 
 from specaudit.adapters.engine_blackbox import (
+    Decode,
     EngineAuditResult,
     Request,
+    detokenizer,
     likely_eos,
     load_target,
     make_requests,
     mixed_limits,
     seeded_arrivals,
+    with_stops,
 )
 from specaudit.adapters.transports import audit_callable, audit_server, is_stepwise
 from specaudit.artifacts.report import write_report
@@ -62,6 +65,7 @@ class Plan:
     served_model: str | None
     max_batch: int
     dtype: str | None
+    stops_recorded: bool = True  # False: a reproducer written before stops were stored: drawn from the seed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +81,7 @@ class Plan:
             "max_batch": self.max_batch,
             "dtype": self.dtype,
             "requests": [asdict(r) | {"prompt": list(r.prompt)} for r in self.requests],
+            "stops_recorded": self.stops_recorded,
             "replay": "specaudit blackbox --replay THIS_FILE [--server URL | --engine MODULE:ATTR] [--target T]",
         }
 
@@ -239,13 +244,27 @@ def endpoints(settings: BlackboxSettings, data: dict[str, Any] | None) -> tuple[
     return str(transport), str(where), target
 
 
+def stored_stop(request: dict[str, Any]) -> tuple[str | None, bool]:
+    """A reproducer request's stop string (None: none) and include flag; TypeError if the stop is no string."""
+    stop = request.get("stop")
+    if stop is not None and (not isinstance(stop, str) or not stop):
+        raise TypeError(f"request {request.get('id')}: stop {stop!r} is not a non-empty string")
+    return stop, bool(request.get("include_stop", False))
+
+
+def stored_request(request: dict[str, Any], recorded: bool) -> Request:
+    """One reproducer request; its stored stop only where the file `recorded` them."""
+    prompt = tuple(int(t) for t in request["prompt"])
+    stop, include = stored_stop(request) if recorded else (None, False)
+    return Request(int(request["id"]), prompt, int(request["max_new_tokens"]), float(request["arrival"]), stop, include)
+
+
 def replayed_plan(settings: BlackboxSettings, data: dict[str, Any], transport: str, where: str, target: str) -> Plan:
-    """The reproducer's requests and schedule, sent to `where`."""
+    """The reproducer's requests, their stop strings and schedule, sent to `where`. A file without
+    `stops_recorded` (written before stops were stored) has its stops drawn from the seed again, as then."""
+    recorded = bool(data.get("stops_recorded"))
     try:
-        requests = tuple(
-            Request(int(r["id"]), tuple(int(t) for t in r["prompt"]), int(r["max_new_tokens"]), float(r["arrival"]))
-            for r in data["requests"]
-        )
+        requests = tuple(stored_request(r, recorded) for r in data["requests"])
         seed, spread, max_batch = int(data["seed"]), float(data["spread"]), int(data["max_batch"])
         eos = None if data.get("eos_token_id") is None else int(data["eos_token_id"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -254,7 +273,13 @@ def replayed_plan(settings: BlackboxSettings, data: dict[str, Any], transport: s
         raise UsageError(f"reproducer {str(settings.replay)!r} has no requests, an empty prompt or a limit below 1")
     served = settings.served_model or data.get("served_model")
     dtype = settings.dtype or data.get("dtype")
-    return Plan(transport, where, target, requests, seed, spread, eos, served, max_batch, dtype)
+    return Plan(transport, where, target, requests, seed, spread, eos, served, max_batch, dtype, recorded)
+
+
+def stop_decode(target: str, model: torch.nn.Module) -> Decode | None:
+    """The text of token ids for stop strings: the target directory's tokenizer, or the loaded model's
+    (as `transports.audit_server` finds it); None for a target without one (no stop strings)."""
+    return detokenizer(target) or detokenizer(model)
 
 
 def fresh_plan(
@@ -267,7 +292,8 @@ def fresh_plan(
 ) -> Plan:
     """Prompts (`given`, from --prompts, else drawn from the seed), arrivals drawn from the seed, each
     request's limit (drawn too with --mixed-max-tokens) and the EOS (chosen from the target's own
-    continuations with --likely-eos): all recorded in the reproducer, so a replay needs none of it."""
+    continuations with --likely-eos), and for a server each request's stop string, drawn from the seed
+    (`with_stops`): all recorded in the reproducer, so a replay needs none of it."""
     seed = settings.seed or 0
     spread = DEFAULT_SPREAD[transport] if settings.spread is None else settings.spread
     if given is not None:
@@ -280,6 +306,8 @@ def fresh_plan(
     eos = likely_eos(model, prompts, limits) if settings.likely_eos else settings.eos_token_id
     arrivals = seeded_arrivals(len(prompts), seed, spread, steps=transport == "engine")
     requests = make_requests(prompts, arrivals, limits)
+    decode = stop_decode(target, model) if transport == "http" else None
+    requests = requests if decode is None else with_stops(model, requests, eos, decode, seed)
     return Plan(transport, where, target, tuple(requests), seed, spread, eos,
                 settings.served_model, settings.max_batch, settings.dtype)  # fmt: skip
 
@@ -307,7 +335,8 @@ def run_plan(plan: Plan, model: torch.nn.Module, engine: Any, settings: Blackbox
     }
     prompts = [r.prompt for r in plan.requests]
     if plan.transport == "http":
-        return audit_server(plan.where, model, prompts, model=plan.served_model, **common)
+        stops = [(r.stop, r.include_stop) for r in plan.requests] if plan.stops_recorded else None
+        return audit_server(plan.where, model, prompts, model=plan.served_model, stops=stops, **common)
     return audit_callable(engine, model, prompts, max_batch=plan.max_batch, name=plan.where, **common)
 
 
@@ -358,6 +387,9 @@ def blackbox_result(settings: BlackboxSettings, data: dict[str, Any] | None) -> 
     say(f"loading target {target} for the oracle")
     model = load_target(target, None if dtype == "auto" and target in MODELS else dtype)
     plan = plan or fresh_plan(settings, transport, where, target, model, given)
+    if any(r.stop is not None for r in plan.requests) and stop_decode(target, model) is None:
+        raise UsageError(f"reproducer {str(settings.replay)!r} sends stop strings, and --target {target!r} has no "
+                         "tokenizer to judge their text: give the target directory it was written with")  # fmt: skip
     repro = None if settings.out is None else settings.out / "repro.json"
     if repro is not None:
         write_json(repro, blackbox_reproducer(plan.to_json()).to_json())

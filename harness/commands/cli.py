@@ -598,7 +598,7 @@ def add_vllm(sub: argparse._SubParsersAction) -> None:
 
 def cmd_observe_vllm(args: argparse.Namespace) -> int:
     """vLLM in process, every target forward observed and judged by the paged-layout checks."""
-    from specaudit.adapters.vllm_whitebox import default_payload, observe_in_process, write_failure
+    from specaudit.adapters.vllm.whitebox import default_payload, observe_in_process, write_failure
 
     run = observe_in_process(args.model, args.draft, default_payload(args.new_tokens))
     print(run.render())
@@ -629,7 +629,7 @@ def add_observe_vllm(sub: argparse._SubParsersAction) -> None:
 
 def cmd_whitebox_vllm(args: argparse.Namespace) -> int:
     """vLLM's white box for one configuration: drawn workloads through an in-process engine."""
-    from specaudit.adapters.vllm_whitebox import EngineOptions
+    from specaudit.adapters.vllm.whitebox import EngineOptions
     from specaudit.commands.whitebox_vllm import WhiteboxSettings, run_whitebox
 
     options = EngineOptions(args.method, args.k, args.block_size, args.max_num_batched_tokens, args.kv_blocks,
@@ -683,21 +683,26 @@ def add_openvino(sub: argparse._SubParsersAction) -> None:
         help="OpenVINO GenAI's ContinuousBatchingPipeline per configuration under drawn workloads (run from the "
         "OpenVINO venv: make audit-openvino)",
         description="For each configuration (control: no speculation; draft: a draft model; draft-whole: the same "
-        "with a whole-prompt token budget; lookup: prompt lookup), draw workloads (arrivals, cancels, limits, EOS, "
-        "K per request, prompts sharing prefixes or repeating motifs), run each on a fresh pipeline with f32 hints "
-        "on the built-in tiny Llama exported to IR, judge the outputs against the batch-size-1 greedy oracle, and "
-        "shrink a failure. Exit 0 when every configuration passes (known OpenVINO defects counted and named).",
+        "with a whole-prompt token budget; lookup: prompt lookup; draft-bf16: the draft model at the CPU defaults, "
+        "judged against the control at that precision), draw workloads (arrivals, cancels, limits, EOS, stop "
+        "strings, K per request, prompts sharing prefixes or repeating motifs), run each on a fresh pipeline (f32 "
+        "hints but in draft-bf16) on the built-in tiny Llama exported to IR, judge the outputs against the "
+        "batch-size-1 greedy oracle, and shrink a failure. Exit 0 when every configuration passes (known OpenVINO "
+        "defects counted and named).",
     )
-    parser.add_argument("--configurations", default="control,draft,draft-whole,lookup", help="comma-separated")
+    parser.add_argument(
+        "--configurations", default="control,draft,draft-whole,lookup,draft-bf16", help="comma-separated"
+    )
     parser.add_argument("--examples", type=int, default=20, metavar="N", help="workloads drawn per configuration")
     parser.add_argument("--minutes", type=float, default=3.0, metavar="M", help="time budget per configuration")
     parser.add_argument("--seed", type=int, default=0, help="seeds the drawn workloads")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="writes DIR/openvino.json")
     parser.add_argument(
-        "--stop-strings",
-        action="store_true",
-        help="draw stop strings too (some with a limit inside the stop's accepted run); off by default: openvino-genai "
-        "2026.4.1 fails them in shapes not yet classified (bench/results/openvino_audit.md)",
+        "--no-stop-strings",
+        dest="stop_strings",
+        action="store_false",
+        help="draw no stop strings (by default about a third of the requests carry one, some with a limit inside "
+        "the stop's accepted run)",
     )
     parser.set_defaults(func=cmd_audit_openvino)
 

@@ -248,7 +248,7 @@ def replay_vllm_paged(reproducer: Reproducer, options: ReplayOptions) -> Any:
     with the vLLM venv's python)."""
     import importlib.util
 
-    from specaudit.adapters.vllm_whitebox import observe_in_process
+    from specaudit.adapters.vllm.whitebox import observe_in_process
 
     if importlib.util.find_spec("vllm") is None:
         raise UsageError(f"{reproducer.where} replays vLLM in process: run it with the vLLM venv's python")

@@ -1,5 +1,5 @@
 """`specaudit whitebox-vllm`: vLLM's white box for one configuration, run with the vLLM venv's python: Hypothesis draws
-workloads through an in-process engine (`adapters.vllm_whitebox.search`), and the result is
+workloads through an in-process engine (`adapters.vllm.whitebox.search`), and the result is
 written as JSON (and a failure as a reproducer). `specaudit audit-vllm` runs it once per
 served model and configuration, beside the black box:
 
@@ -15,7 +15,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from specaudit.adapters.vllm_whitebox import (
+from specaudit.adapters.vllm.whitebox import (
     EngineOptions,
     Shape,
     WhiteBoxResult,
@@ -49,7 +49,7 @@ class WhiteboxSettings:
 def run(settings: WhiteboxSettings) -> WhiteBoxResult:
     """Build the engine, its target and K/V reference, draw workloads until the budget ends."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from specaudit.adapters.vllm_observer import VllmObserver, build_llm, hf_kv_reference
+    from specaudit.adapters.vllm.observer import VllmObserver, build_llm, hf_kv_reference
 
     options = settings.options
     llm = build_llm(settings.model, options.speculative(settings.model, settings.draft), **options.engine_args())

@@ -5,7 +5,7 @@ batch and keep K/V in fixed-size blocks, so the batch-row evidence of `running.i
 not exist there. What does: per forward the packed tokens and positions, each request's query
 span and context length, the cache slot each token is written to and each request's block
 table; per step what each request has committed. Each engine's observer
-(`adapters.vllm_observer`, `adapters.transformers_cb`) records exactly that as `PagedCall`s and
+(`adapters.vllm.observer`, `adapters.transformers_cb`) records exactly that as `PagedCall`s and
 one `PagedTrace`; neither imports the other, and the checks import neither. A driver that also
 records each request's outputs hands the checks a `PagedRun`.
 

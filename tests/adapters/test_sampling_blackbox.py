@@ -28,8 +28,8 @@ from specaudit.adapters.sampling_blackbox import (
     tolerant_distribution,
     within_noise,
 )
-from specaudit.adapters.vllm_report import ConfigurationOutcome, render_markdown, write_reports
-from specaudit.adapters.vllm_server import sampling_size, workaround_env
+from specaudit.adapters.vllm.report import ConfigurationOutcome, render_markdown, write_reports
+from specaudit.adapters.vllm.server import sampling_size, workaround_env
 from specaudit.config.settings import VllmAuditSettings
 from specaudit.contracts.sampling import Sampling, target_distribution
 from specaudit.reference.vllm_mutants import (

@@ -1,4 +1,4 @@
-"""Drafts shaped on purpose (`specaudit.adapters.vllm_drafts`) and the white box's drawn K.
+"""Drafts shaped on purpose (`specaudit.adapters.vllm.drafts`) and the white box's drawn K.
 
 Pure: the shape itself and the strategy, without vLLM. What the shape does inside a vLLM
 engine is tested under the vLLM venv (tests/adapters/test_vllm_observer.py).
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from specaudit.adapters.vllm_drafts import DRAFTS_ENV, DraftShape, parse_shape, shape_from_env
-from specaudit.adapters.vllm_whitebox import PlannedRequest, Shape, Workload, workloads
+from specaudit.adapters.vllm.drafts import DRAFTS_ENV, DraftShape, parse_shape, shape_from_env
+from specaudit.adapters.vllm.whitebox import PlannedRequest, Shape, Workload, workloads
 
 TOKENS = (5, 6, 7, 8)
 
@@ -100,7 +100,7 @@ def test_a_shrunk_case_keeps_a_margin_over_its_tolerance() -> None:
     found is kept whatever its margin, and a rule without a tolerance is never held back."""
     import time
 
-    from specaudit.adapters import vllm_whitebox as wb
+    from specaudit.adapters.vllm import whitebox as wb
     from specaudit.contracts.violation import Violation
 
     def kv(distance: float) -> Violation:

@@ -240,7 +240,7 @@ def test_a_preempted_request_is_followed_not_flagged() -> None:
     committed length; followed as incarnations (`a` leaves, `a~1` arrives with everything `a`
     committed as its prompt), every rule holds, K/V against batch size 1 included. The split is
     `running.paged.incarnations`, which the observer re-exports for older callers."""
-    from specaudit.adapters import vllm_observer
+    from specaudit.adapters.vllm import observer as vllm_observer
     from specaudit.running.paged import incarnations
 
     assert vllm_observer.incarnations is incarnations and vllm_observer.RESUMED == "~"
@@ -304,7 +304,7 @@ def test_the_features_a_trace_exercised_are_counted_and_an_enabled_one_missed_is
     """Coverage per configuration: a prefix hit on a block written in the same forward, accepted
     runs committed across a block boundary, preemptions as observed; an enabled feature that no
     draw reached is a warning (a pass that says nothing about it), a disabled one is not."""
-    from specaudit.adapters.vllm_whitebox import EngineOptions, Features, WhiteBoxResult, features
+    from specaudit.adapters.vllm.whitebox import EngineOptions, Features, WhiteBoxResult, features
 
     hit = features(prefix_hit_trace(), preemptions=2).counts
     assert hit["prefix hits in the step"] == 1 and hit["prefix hits across steps"] == 0 and hit["preemptions"] == 2
@@ -325,7 +325,7 @@ def test_the_features_a_trace_exercised_are_counted_and_an_enabled_one_missed_is
 def test_acceptance_and_ragged_share_are_counted_per_verify_step() -> None:
     """Drafted and accepted tokens per forward, and the share of forwards with two or more
     drafting requests that accepted different counts (fake_trace: a 3,1,0,3,2 of 3; b 2,0,3)."""
-    from specaudit.adapters.vllm_whitebox import acceptance
+    from specaudit.adapters.vllm.whitebox import acceptance
 
     found = acceptance(fake_trace())
     assert (found.drafted, found.accepted) == (24, 14), found
@@ -335,7 +335,7 @@ def test_acceptance_and_ragged_share_are_counted_per_verify_step() -> None:
 
 
 def test_workload_payload_round_trips_and_old_payloads_load() -> None:
-    from specaudit.adapters.vllm_whitebox import PlannedRequest, Workload
+    from specaudit.adapters.vllm.whitebox import PlannedRequest, Workload
 
     workload = Workload((PlannedRequest((5, 6), 0, 3, name="r0"), PlannedRequest((7,), 2, 9, 4, "r1")), eos=11)
     assert Workload.from_payload(workload.to_payload()) == workload
@@ -450,7 +450,7 @@ def test_a_bonus_taken_from_the_draft_is_caught() -> None:
 # ---------------------------------------------------------------------------------------
 # Real vLLM, in process, on a tiny random Llama
 
-NEW_TOKENS = 40  # the staggered workload: PROMPTS arriving at ARRIVALS, ABORTS, in vllm_observer
+NEW_TOKENS = 40  # the staggered workload: PROMPTS arriving at ARRIVALS, ABORTS, in adapters.vllm.observer
 
 
 def tiny_llama(directory: Path, layers: int, seed: int) -> Path:
@@ -503,7 +503,7 @@ class Engines:
     def get(self, kind: str) -> Any:
         if kind != self.kind:
             self.close()
-            from specaudit.adapters.vllm_observer import NGRAM, build_llm
+            from specaudit.adapters.vllm.observer import NGRAM, build_llm
 
             draft = {"method": "draft_model", "model": str(self.root / "draft"), "num_speculative_tokens": 4}
             self.llm = build_llm(str(self.root / "target"), NGRAM if kind == "ngram" else draft)
@@ -533,20 +533,20 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
 
 @pytest.fixture(scope="module")
 def oracle(engines: Engines) -> dict[str, tuple[int, ...]]:
-    from specaudit.adapters.vllm_observer import PROMPTS
+    from specaudit.adapters.vllm.observer import PROMPTS
 
     return {rid: greedy_oracle(engines.root / "target", prompt, NEW_TOKENS) for rid, prompt in PROMPTS.items()}
 
 
 @pytest.fixture(scope="module")
 def kv_reference(engines: Engines) -> Any:
-    from specaudit.adapters.vllm_observer import hf_kv_reference
+    from specaudit.adapters.vllm.observer import hf_kv_reference
 
     return hf_kv_reference(str(engines.root / "target"), (0, 1))  # the observer's default (0, -1) of 2 layers
 
 
 def run_workload(llm: Any) -> PagedTrace:
-    from specaudit.adapters.vllm_observer import staggered
+    from specaudit.adapters.vllm.observer import staggered
 
     return staggered(llm, NEW_TOKENS)
 
@@ -623,7 +623,7 @@ PLUGINS = [
     ("SPECAUDIT_VLLM_PLANT", "bonus-from-draft", "vllm.v1.sample.rejection_sampler", "rejection_sample",
      "specaudit.reference.vllm_mutants"),
     ("SPECAUDIT_VLLM_DRAFTS", "disagree=0.3", "vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids",
-     "specaudit.adapters.vllm_drafts"),
+     "specaudit.adapters.vllm.drafts"),
 ]  # fmt: skip
 
 
@@ -647,8 +647,8 @@ def test_the_plugins_patch_each_vllm_process_only_when_asked(
 REPEATED = """
 import os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-from specaudit.adapters.vllm_observer import build_llm
-from specaudit.adapters.vllm_whitebox import EngineOptions, PlannedRequest, Workload, run_workload
+from specaudit.adapters.vllm.observer import build_llm
+from specaudit.adapters.vllm.whitebox import EngineOptions, PlannedRequest, Workload, run_workload
 from specaudit.checks.paged import check_paged
 options = EngineOptions("ngram", 3, 32, 64, None, True, 128)
 llm = build_llm(sys.argv[1], options.speculative(sys.argv[1], None), **options.engine_args())
@@ -675,8 +675,8 @@ def test_a_workload_drawn_again_on_the_same_engine_is_judged_alone(tmp_path: Pat
 PREFIX_PAIR = """
 import json, os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-from specaudit.adapters.vllm_observer import build_llm, hf_kv_reference
-from specaudit.adapters.vllm_whitebox import EngineOptions, PlannedRequest, Workload, run_workload
+from specaudit.adapters.vllm.observer import build_llm, hf_kv_reference
+from specaudit.adapters.vllm.whitebox import EngineOptions, PlannedRequest, Workload, run_workload
 from specaudit.checks.paged import check_paged
 from specaudit.reference.vllm_mutants import BY_NAME, plant
 if sys.argv[2]:
@@ -895,7 +895,7 @@ DRAWN = iter(range(1 << 30))  # request ids stay unique on the one engine across
 def run_drawn(llm: Any, workload: Workload) -> tuple[PagedTrace, list[str]]:
     from vllm import SamplingParams
 
-    from specaudit.adapters.vllm_observer import VllmObserver
+    from specaudit.adapters.vllm.observer import VllmObserver
 
     ids = [f"w{next(DRAWN)}" for _ in workload.requests]
     arrivals = [

@@ -23,8 +23,8 @@ import pytest
 
 from specaudit.adapters.engine_blackbox import load_target
 from specaudit.adapters.sampling_blackbox import SAMPLING, Sample, judge_samples, sampling_requests
-from specaudit.adapters.vllm_models import model_directories
-from specaudit.adapters.vllm_server import boundary_prompts
+from specaudit.adapters.vllm.models import model_directories
+from specaudit.adapters.vllm.server import boundary_prompts
 from specaudit.contracts.sampling import Sampling
 from specaudit.reference.vllm_mutants import CPU_EXPAND, PLANT_ENV, WORKAROUNDS_ENV
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.adapters.vllm_drafts import DRAFTS_ENV
-from specaudit.adapters.vllm_lifecycle import SERVER_ARGS, ServerError, check_python, free_port, server_command, serving
-from specaudit.adapters.vllm_metrics import SpecCounts, parse_metrics
-from specaudit.adapters.vllm_report import (
+from specaudit.adapters.vllm.drafts import DRAFTS_ENV
+from specaudit.adapters.vllm.lifecycle import SERVER_ARGS, ServerError, check_python, free_port, server_command, serving
+from specaudit.adapters.vllm.metrics import SpecCounts, parse_metrics
+from specaudit.adapters.vllm.report import (
     NOTHING_ACCEPTED,
     ConfigurationOutcome,
     from_report,
@@ -27,7 +27,7 @@ from specaudit.adapters.vllm_report import (
     render_markdown,
     write_reports,
 )
-from specaudit.adapters.vllm_server import (
+from specaudit.adapters.vllm.server import (
     BLACKBOX_LENGTHS,
     DISAGREE,
     SERVER_BLOCK,

@@ -33,7 +33,7 @@ from specaudit.adapters.engine_blackbox import (
     usage_violation,
 )
 from specaudit.adapters.transports import audit_server
-from specaudit.adapters.vllm_server import boundary_prompts
+from specaudit.adapters.vllm.server import boundary_prompts
 from specaudit.checks.stops import expected_with_stop
 from specaudit.reference.oracle import greedy_oracle
 
@@ -43,8 +43,8 @@ REQUESTS, LIMIT = 8, 16
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
-    """The black box's served tiny Llama (`adapters.vllm_models`), and its target for the oracle."""
-    from specaudit.adapters.vllm_models import tiny_llama
+    """The black box's served tiny Llama (`adapters.vllm.models`), and its target for the oracle."""
+    from specaudit.adapters.vllm.models import tiny_llama
 
     out = tmp_path_factory.mktemp("served") / "target"
     tiny_llama(out)
@@ -160,6 +160,65 @@ def test_a_wrong_token_before_the_stop_string_is_a_divergence(served: Any, serve
     stopped = [o for o in result.outcomes if o.request.stop is not None]
     assert stopped and all(o.violation is not None and o.first_divergence == 0 for o in stopped), result.render()
     assert {v.check for v in result.violations} == {"equivalence"}, result.render()
+
+
+def sent_stops(bodies: list[dict[str, Any]]) -> list[tuple[tuple[int, ...], str | None, bool]]:
+    """(prompt, stop string or None, include flag) of each body a server saw, sorted."""
+    stops = [(tuple(b["prompt"]), (b.get("stop") or [None])[0], bool(b.get("include_stop_str_in_output")))
+             for b in bodies]  # fmt: skip
+    return sorted(stops, key=repr)
+
+
+def stored_stops(plan: dict[str, Any]) -> list[tuple[tuple[int, ...], str | None, bool]]:
+    return sorted(((tuple(r["prompt"]), r["stop"], r["include_stop"]) for r in plan["requests"]), key=repr)
+
+
+def test_a_blackbox_reproducer_stores_its_stop_strings_and_replays_them(
+    served: Any, serve: Any, tmp_path: Path
+) -> None:
+    """`specaudit blackbox --out` stores each request's stop string and include flag in the reproducer,
+    written before any request is sent; its replay sends the stored ones (here edited: flags flipped,
+    one stop dropped), not the seed's draw. A file written before stops were stored replays as then."""
+    from specaudit.commands.cli import main
+
+    directory, target = served
+    fake = FakeVllm(target, directory)
+    before: list[dict[str, Any]] = []
+    repro = tmp_path / "run" / "repro.json"
+
+    def peeking(body: dict[str, Any]) -> dict[str, Any]:
+        before.append(json.loads(repro.read_text())) if not before else None
+        return fake(body)
+
+    url, seen = serve(peeking)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in boundary_prompts(512, REQUESTS, 0)))
+    argv = ["--target", str(directory), "--prompts", str(prompts), "--max-new-tokens", str(LIMIT), "--seed", "0",
+            "--spread", "0.1", "--dtype", "float32", "--quiet"]  # fmt: skip
+    assert main(["blackbox", "--server", url, *argv, "--out", str(repro.parent)]) == 0
+    data = json.loads(repro.read_text())
+    first, stored = sent_stops(seen), stored_stops(data["payload"])
+    assert data["payload"]["stops_recorded"] is True and stored == first, (stored, first)
+    assert stored_stops(before[0]["payload"]) == first  # written before the first request
+    assert 2 <= sum(stop is not None for _, stop, _ in first) < REQUESTS, first
+
+    edited = [
+        dict(r, include_stop=r["stop"] is not None and not r["include_stop"]) for r in data["payload"]["requests"]
+    ]
+    dropped = next(r for r in edited if r["stop"] is not None)
+    dropped.update(stop=None, include_stop=False)
+    data["payload"]["requests"] = edited
+    repro.write_text(json.dumps(data))
+    count = len(seen)
+    assert main(["blackbox", "--replay", str(repro), "--quiet"]) == 0
+    assert sent_stops(seen[count:]) == stored_stops(data["payload"]) != first
+
+    del data["payload"]["stops_recorded"]  # as written before stops were stored: every stop null
+    data["payload"]["requests"] = [dict(r, stop=None, include_stop=False) for r in edited]
+    repro.write_text(json.dumps(data))
+    count = len(seen)
+    assert main(["blackbox", "--replay", str(repro), "--quiet"]) == 0
+    assert sent_stops(seen[count:]) == first  # drawn from the seed again, as the first run drew them
 
 
 def test_stop_text_and_ids_follow_vllm() -> None:

@@ -28,9 +28,9 @@ needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (run
 SCRIPT = """
 import os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-from specaudit.adapters.vllm_drafts import DraftShape, drafts_shaped
-from specaudit.adapters.vllm_observer import build_llm
-from specaudit.adapters.vllm_whitebox import (EngineOptions, PlannedRequest, Workload, load_target, oracle_from,
+from specaudit.adapters.vllm.drafts import DraftShape, drafts_shaped
+from specaudit.adapters.vllm.observer import build_llm
+from specaudit.adapters.vllm.whitebox import (EngineOptions, PlannedRequest, Workload, load_target, oracle_from,
                                               output_record, paged_violations, run_workload)
 from specaudit.reference.oracle import greedy_oracle
 from specaudit.reference.vllm_mutants import BY_NAME, plant
@@ -86,8 +86,8 @@ def cases(model: Path, mutant: str | None) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The black box's served tiny Llama (`adapters.vllm_models`): its draft agrees often, not always."""
-    from specaudit.adapters.vllm_models import tiny_llama
+    """The black box's served tiny Llama (`adapters.vllm.models`): its draft agrees often, not always."""
+    from specaudit.adapters.vllm.models import tiny_llama
 
     out = tmp_path_factory.mktemp("vllm_stops") / "target"
     tiny_llama(out)
@@ -137,8 +137,8 @@ def test_planted_stop_and_order_bugs_of_the_served_front_end(model: Path, tmp_pa
     completion with tokens after it), every request with a stop string drawn from its oracle's text:
     unpatched, the black box passes; each planted front-end bug fails it with the catalog's rule only."""
     from specaudit.adapters.transports import audit_server
-    from specaudit.adapters.vllm_lifecycle import SERVER_ENV, free_port, server_command, serving
-    from specaudit.adapters.vllm_server import SELF_DRAFT_TOKENS, SERVER_BLOCK, boundary_prompts, workaround_env
+    from specaudit.adapters.vllm.lifecycle import SERVER_ENV, free_port, server_command, serving
+    from specaudit.adapters.vllm.server import SELF_DRAFT_TOKENS, SERVER_BLOCK, boundary_prompts, workaround_env
     from specaudit.reference.vllm_mutants import PLANT_ENV
 
     port = free_port()

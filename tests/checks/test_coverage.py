@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from specaudit.adapters.transports import audit_callable
-from specaudit.adapters.vllm_report import ConfigurationOutcome as Outcome
-from specaudit.adapters.vllm_report import from_report
+from specaudit.adapters.vllm.report import ConfigurationOutcome as Outcome
+from specaudit.adapters.vllm.report import from_report
 from specaudit.artifacts.report import entry
 from specaudit.audits.decoders import DecoderVerdict as Verdict
 from specaudit.audits.decoders import format_table

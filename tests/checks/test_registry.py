@@ -150,7 +150,8 @@ def planted_controls() -> dict[str, list[str]]:
     named: list[tuple[str, str]] = [(cls.bug.first_check, name) for name, cls in mutants.CATALOG.items()]
     named += [(cls.bug.first_check, name) for name, cls in engine_mutants.ENGINE_CATALOG.items()]
     named += [(cls.bug.check, name) for name, cls in sampling_mutants.CATALOG.items()]
-    engines = (*vllm_mutants.MUTANTS, *vllm_mutants.SAMPLING_MUTANTS, *transformers_cb_mutants.MUTANTS)
+    vllm = (*vllm_mutants.MUTANTS, *vllm_mutants.SERVED_MUTANTS, *vllm_mutants.SAMPLING_MUTANTS)
+    engines = (*vllm, *transformers_cb_mutants.MUTANTS)
     named += [(mutant.check, mutant.name) for mutant in engines]
     controls: dict[str, list[str]] = {}
     for check, name in named:
@@ -166,6 +167,16 @@ def test_every_check_has_a_planted_control() -> None:
     assert not missing, f"checks without a planted control naming them: {missing}"
     assert set(controls) <= set(CHECK_ORDER), sorted(set(controls) - set(CHECK_ORDER))
     assert set(POOL_CONTROLS) <= set(NEGATIVE_CONTROLS)
+
+
+def test_every_planted_vllm_bug_is_a_control_of_its_check() -> None:
+    """Every vLLM catalog (in process, served front end, sampling) is in the derivation: each bug that
+    `vllm_mutants.BY_NAME` can plant is a control of the check its record names."""
+    from specaudit.reference.vllm_mutants import BY_NAME
+
+    controls = planted_controls()
+    missing = sorted(name for name, mutant in BY_NAME.items() if name not in controls.get(mutant.check, []))
+    assert not missing, f"planted vLLM bugs left out of the negative controls: {missing}"
 
 
 def test_paged_rules_map_to_known_signatures() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specaudit.adapters.vllm_report import ConfigurationOutcome, render_markdown
+from specaudit.adapters.vllm.report import ConfigurationOutcome, render_markdown
 from specaudit.commands.audit_vllm import run_audit_vllm, whitebox_configuration
 from specaudit.config.settings import VllmAuditSettings
 from specaudit.contracts.errors import UsageError
@@ -29,7 +29,7 @@ def test_a_white_box_that_leaves_no_result_fails_its_configuration(tmp_path: Pat
 
 def test_the_white_box_command_line_names_the_configurations_engine(tmp_path: Path, monkeypatch) -> None:
     """`specaudit whitebox-vllm` with a configuration's arguments builds that configuration's engine."""
-    from specaudit.adapters.vllm_server import WHITEBOX, whitebox_arguments
+    from specaudit.adapters.vllm.server import WHITEBOX, whitebox_arguments
     from specaudit.commands import whitebox_vllm
     from specaudit.commands.cli import main
 

@@ -75,6 +75,7 @@ class Run:
     steps: int
     cancelled: list[int]
     stops: dict[int, Stop] = field(default_factory=dict)
+    numerics: int = 0  # requests off the oracle that the control at the same precision explains (`judged_run`)
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,8 @@ def drive(engine: OpenVinoEngine, workload: Workload, stops: dict[int, Stop]) ->
             if step >= last and len(done) == len(workload.prompts) and not engine.has_unfinished():
                 break
     except Exception as exc:  # the engine's failure is evidence
-        error = contract_violation("step-returns", f"the pipeline raising {type(exc).__name__}: {exc}"[:400], None)
+        said = " ".join(str(exc).split())
+        error = contract_violation("step-returns", f"the pipeline raising {type(exc).__name__}: {said}"[:400], None)
         return tokens, added, done, cancelled, error, step + 1
     return tokens, added, done, cancelled, None, step + 1
 
@@ -258,6 +260,7 @@ class ConfigurationResult:
     name: str
     options: EngineOptions
     examples: int = 0
+    clean: int = 0  # examples that passed with no known defect explaining a failure
     shrink_runs: int = 0
     seconds: float = 0.0
     acceptances: list[float] = field(default_factory=list)
@@ -296,7 +299,8 @@ class ConfigurationResult:
         if self.failure is not None:
             failure = {"workload": self.failure.workload.to_json(), "result": self.failure.result.to_json()}
         return {"configuration": self.name, "options": self.options.to_json(), "passed": self.passed,
-                "verdict": self.verdict, "examples": self.examples, "shrink_runs": self.shrink_runs,
+                "verdict": self.verdict, "examples": self.examples, "clean": self.clean,
+                "shrink_runs": self.shrink_runs,
                 "seconds": round(self.seconds, 2), "acceptance": self.acceptance(),
                 "ragged_share": self.ragged_share(), "requests": self.requests, "cancelled": self.cancelled,
                 "known": self.known, "numerics": self.numerics, "failure": failure}  # fmt: skip
@@ -317,6 +321,21 @@ def run_one(
     return Run(workload, result, engine.acceptance(), engine.log.ragged_share(), steps, cancelled, stops)
 
 
+def judged_run(
+    target_ir: Path, draft_ir: Path, target: torch.nn.Module, options: EngineOptions, workload: Workload, label: str
+) -> Run:  # fmt: skip
+    """`run_one`, and at a low precision a failing result judged against the non-speculative control
+    at that precision (`precision`): the requests whose departure numerics explain pass."""
+    run = run_one(target_ir, draft_ir, target, options, workload, label)
+    if run.result.passed or not low_precision(options):
+        return run
+    control = run_one(target_ir, draft_ir, target, replace(options, method="none"), workload, "control")
+    verdict = at_precision(target, workload.prompts, run.result, control.result, label)
+    if verdict is None:
+        return run
+    return replace(run, result=rejudged(run.result, verdict), numerics=len(verdict.numerics))
+
+
 def search(
     name: str, options: EngineOptions, target_ir: Path, draft_ir: Path, target: torch.nn.Module,
     examples: int, minutes: float, seed: int, say: Callable[[str], None], stops: bool = False,
@@ -335,14 +354,19 @@ def search(
     vocab = int(target.config.vocab_size)
     state: dict[str, Any] = {"key": None}
 
+    def rerun(run_options: EngineOptions, workload: Workload) -> Run:
+        return judged_run(target_ir, draft_ir, target, run_options, workload, f"openvino-{name}")
+
     def probe(workload: Workload) -> None:
         if time.monotonic() > deadline:
             return  # the budget is spent: the remaining draws pass at once (raising would be a failure to shrink)
         shrinking = state["key"] is not None
-        run = run_one(target_ir, draft_ir, target, options, workload, f"openvino-{name}")
+        run = rerun(options, workload)
         out.shrink_runs += shrinking
         if not shrinking:
+            out.numerics += run.numerics
             out.examples += 1
+            out.clean += run.result.passed
             out.requests += len(workload.prompts)
             out.cancelled += len(run.cancelled)
             out.ragged.append(run.ragged_share)
@@ -350,20 +374,12 @@ def search(
                 out.acceptances.append(run.acceptance)
         if run.result.passed:
             return
-        defects = explained(options, run, lambda o, w: run_one(target_ir, draft_ir, target, o, w, f"openvino-{name}"))
+        defects = explained(options, run, rerun)
         for defect in [] if shrinking else defects:
             out.known[defect] = out.known.get(defect, 0) + 1
             out.known_runs.setdefault(defect, run)
         if defects:  # a known defect (while shrinking too: a shrink must not wander into one)
             return
-        if low_precision(options):  # judged against the non-speculative control at the same precision
-            control = run_one(target_ir, draft_ir, target, replace(options, method="none"), workload, "control")
-            verdict = at_precision(target, workload.prompts, run.result, control.result, f"openvino-{name}")
-            if verdict is not None and verdict.explained:
-                out.numerics += 0 if shrinking else len(verdict.numerics)
-                return
-            if verdict is not None:
-                run = replace(run, result=rejudged(run.result, verdict))
         first = run.result.violations[0]
         key = (first.check, first.rule)
         if shrinking and key != state["key"]:
@@ -395,20 +411,23 @@ def unreliable(exc: Exception) -> str:
 
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, Flaky):
-        text = f"not reproducible: a workload failed once and not when run again on a fresh pipeline ({text}"
-        return text[:1200] + ")"
+        causes = "; ".join(f"{type(e).__name__}: {e}" for e in getattr(exc, "exceptions", ()))
+        text = (f"not reproducible: a workload failed once and not when run again on a fresh pipeline (first: "
+                f"{causes[:400]}) ({text}")  # fmt: skip
+        return text[:1600] + ")"
     return text[:300]
 
 
 def table(results: list[ConfigurationResult]) -> str:
-    head = ("configuration", "method", "chunk", "prefix cache", "examples", "requests", "cancelled", "acceptance",
-            "ragged share", "seconds", "verdict")  # fmt: skip
+    head = ("configuration", "method", "chunk", "prefix cache", "examples", "clean", "requests", "cancelled",
+            "acceptance", "ragged share", "seconds", "verdict")  # fmt: skip
     rows = [head]
     for r in results:
         acc = r.acceptance()
         rows.append((r.name, r.options.method, str(r.options.max_num_batched_tokens), str(r.options.prefix_caching),
-                     str(r.examples), str(r.requests), str(r.cancelled), "-" if acc is None else f"{acc:.2f}",
-                     f"{r.ragged_share():.2f}", f"{r.seconds:.0f}", r.verdict))  # fmt: skip
+                     str(r.examples), str(r.clean), str(r.requests), str(r.cancelled),
+                     "-" if acc is None else f"{acc:.2f}", f"{r.ragged_share():.2f}", f"{r.seconds:.0f}",
+                     r.verdict))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head) - 1)]
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[-1]]) for row in rows)
 

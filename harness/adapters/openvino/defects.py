@@ -44,10 +44,29 @@ KNOWN_DEFECTS: dict[str, str] = {
         "emits nothing after the cancel. Reproducer: tests/wild/openvino/confirm_spec_cancel.py"
     ),
     "spec-stop-limit": (
-        "openvino-genai 2026.4.1: with speculation, a stop string completing within an accepted run of the "
-        "request's max_new_tokens: the request ends on its limit with tokens after the stop (the field's bug). "
-        "Counted when the failing workload passes once each such limit is pushed past any accepted run (by 8). "
-        "Seen in drawn workloads; not minimized, no standalone script yet (bench/results/openvino_audit.md)."
+        "openvino-genai 2026.4.1: with speculation, a stop string completing inside an accepted run that also "
+        "reaches max_new_tokens: the request ends on its limit with the tokens after the stop (the field's bug). "
+        "Prompt [4], greedy continuation [145, 85, 328, ...] ('w145 w85 w328 ...'), stop string 'w145 w85', "
+        "max_new_tokens=3, draft model, num_assistant_tokens=1: [145, 85, 328], LENGTH; the non-speculative "
+        "pipeline, and the draft model with max_new_tokens=12, give []. Counted when the failing workload passes "
+        "once each such limit is pushed past any accepted run (by 9). "
+        "Reproducer: tests/wild/openvino/confirm_spec_stop_limit.py"
+    ),
+    "spec-stop-missed": (
+        "openvino-genai 2026.4.1: with a draft model, a stop string completing in an accepted run is sometimes "
+        "never matched: the request runs on to its limit (finish reason LENGTH), its limit far past the stop. "
+        "Prompt [4], greedy continuation [145, 85, 328, ...], stop string 'w145 w85', max_new_tokens=12, "
+        "num_assistant_tokens=2: all 12 tokens; K 1 and 4 and the non-speculative pipeline give []. "
+        "Reproducer: tests/wild/openvino/confirm_stop_missed.py"
+    ),
+    "spec-u8-cache": (
+        "openvino-genai 2026.4.1: with a draft model and the target's KV cache at u8 (the CPU default), a rejected "
+        "draft leaves state in the target's cache that later steps read: prompt [303, 254, 156, 300, 137], 14 new "
+        "tokens, num_assistant_tokens=1, f32 compute: the output departs at index 10 with a token 2.24 logits "
+        "below the float64 target's top, where the non-speculative pipeline at u8 is exact (its largest gap over "
+        "20 bf16/u8 runs: 0.56). An f32 target cache with a u8 draft cache is exact; the target drafting for "
+        "itself (every draft accepted) at u8 is exact. Counted when the failing workload passes with the KV "
+        "cache at f32 (compute unchanged). Reproducer: tests/wild/openvino/confirm_u8_draft.py"
     ),
     "stop-at-limit": (
         "openvino-genai 2026.4.1, with or without speculation: a stop string completing on the last token "
@@ -69,6 +88,9 @@ def fixes(options: Any, failing: Any) -> list[tuple[str, Fix]]:
         out.append(("spec-token-budget", lambda o, w: (replace(o, max_num_batched_tokens=WHOLE_BUDGET), w)))
     if options.method != "none" and any(c is not None for c in failing.workload.cancels):
         out.append(("spec-cancel", lambda o, w: (o, replace(w, cancels=(None,) * len(w.cancels)))))
+    if options.method != "none" and dict(options.hints).get("KV_CACHE_PRECISION") == "u8":
+        f32_cache = tuple({**dict(options.hints), "KV_CACHE_PRECISION": "f32"}.items())
+        out.append(("spec-u8-cache", lambda o, w: (replace(o, hints=f32_cache), w)))
     if options.prefix_caching:
         out.append(("prefix-cache-partial", lambda o, w: (replace(o, prefix_caching=False), w)))
     limits = failing.workload.limits
@@ -81,34 +103,40 @@ def fixes(options: Any, failing: Any) -> list[tuple[str, Fix]]:
     return out
 
 
-def spec_stop_signature(run: Any) -> bool:
-    """Every violation is 'spec-stop-string's own kind, on a request whose stop string ended it: its
-    ids end inside the stop string's tokens (part or all of it left in, or trimmed short when
-    included), or its generated-token count is over its outputs' (the accepted run past the stop
-    counted). A stop bug of another shape (tokens after the stop, too much trimmed, a count under)
-    is not this defect; one that shows without speculation is not either (`explained`)."""
-    violations = run.result.violations
+def spec_stop_shapes(run: Any) -> set[str]:
+    """The speculative stop-string defects whose shape every violation of `run` has, on a request whose
+    stop string ended it in the oracle: its ids end inside the stop string's tokens (part or all of it
+    left in, or trimmed short when included), or its generated-token count is over its outputs' (the
+    accepted run past the stop counted): 'spec-stop-string'; its ids run past the stop's last token
+    ('spec-stop-missed'). Empty when a violation has neither shape (a stop bug of another shape, too
+    much trimmed, a count under, is not these defects); one that shows without speculation is not
+    either (`explained`)."""
     tokens = {o.request.id: o.tokens for o in run.result.outcomes}
-    for v in violations:
+    shapes = set()
+    for v in run.result.violations:
         stop = run.stops.get(v.request)
         if stop is None or stop.completes is None:
-            return False
+            return set()
         got = tokens.get(v.request)
-        inside = v.rule == "stop-string" and got is not None and (stop.kept or 0) < len(got) <= stop.completes + 1
-        over = v.rule == "usage-count" and v.evidence.get("reported", 0) > v.evidence.get("expected", 0)
-        if not (inside or over):
-            return False
-    return bool(violations)
+        if v.rule == "stop-string" and got is not None and (stop.kept or 0) < len(got) <= stop.completes + 1:
+            shapes.add("spec-stop-string")
+        elif v.rule == "usage-count" and v.evidence.get("reported", 0) > v.evidence.get("expected", 0):
+            shapes.add("spec-stop-string")
+        elif v.rule == "stop-string" and got is not None and len(got) > stop.completes + 1:
+            shapes.add("spec-stop-missed")
+        else:
+            return set()
+    return shapes
 
 
 def explained(options: Any, failing: Any, rerun: Callable[[Any, Any], Any]) -> list[str]:
     """The known defects that explain a failing run (`failing`, an `audit.Run`; `rerun(options,
     workload)` runs a workload again); empty when none does, and the failure stands. Each defect's
     fix (`fixes`: the budget raised to `WHOLE_BUDGET`, no cancels, prefix caching off, each limit
-    within an accepted run of its stop's last token pushed past it) is tried alone; a speculative run failing only as
-    'spec-stop-string' does (`spec_stop_signature`) is that defect when it passes without speculation
-    and, with speculation, without its stop strings (limits so raised); then the fixes are tried
-    together, and that test again."""
+    within an accepted run of its stop's last token pushed past it) is tried alone; a speculative run
+    failing only in the speculative stop defects' shapes (`spec_stop_shapes`) is those defects when it
+    passes without speculation and, with speculation, without its stop strings (limits so raised);
+    then the fixes are tried together, and that test again."""
     candidates = fixes(options, failing)
     alone = {}
     for name, fix in candidates:
@@ -117,10 +145,11 @@ def explained(options: Any, failing: Any, rerun: Callable[[Any, Any], Any]) -> l
             return [name]
     limit_fix = [(n, f) for n, f in candidates if n in ("stop-at-limit", "spec-stop-limit")]
     limited = alone.get(limit_fix[0][0], failing) if limit_fix else failing
-    if options.method != "none" and spec_stop_signature(limited):
-        found = spec_stop_string(options, failing.workload, limit_fix, rerun)
-        if found:
-            return found
+    if options.method != "none" and spec_stop_shapes(limited):
+        found = spec_stop(options, failing.workload, limit_fix, spec_stop_shapes(limited), rerun)
+        if found:  # the limit's defect too where its fix took away one of the failing run's violations
+            helped = bool(signature(failing) - signature(limited))
+            return [n for n, _ in limit_fix if helped] + found
     state = (options, failing.workload)
     for _, fix in candidates:
         state = fix(*state)
@@ -128,19 +157,24 @@ def explained(options: Any, failing: Any, rerun: Callable[[Any, Any], Any]) -> l
         last = rerun(*state)
         if last.result.passed:
             return [n for n, _ in candidates]
-        if options.method != "none" and spec_stop_signature(last):
-            found = spec_stop_string(state[0], state[1], [], rerun)
+        if options.method != "none" and spec_stop_shapes(last):
+            found = spec_stop(state[0], state[1], [], spec_stop_shapes(last), rerun)
             return [n for n, _ in candidates] + found if found else []
     return []
 
 
-def spec_stop_string(options: Any, workload: Any, limit_fix: list[tuple[str, Fix]], rerun: Callable) -> list[str]:
-    """['spec-stop-string'] (after 'stop-at-limit' where its fix is given) when the workload, its
-    limits fixed, passes without speculation and, with speculation, without its stop strings."""
-    names = [n for n, _ in limit_fix]
+def signature(run: Any) -> set[tuple[int | None, str]]:
+    return {(v.request, v.rule) for v in run.result.violations}
+
+
+def spec_stop(
+    options: Any, workload: Any, limit_fix: list[tuple[str, Fix]], shapes: set[str], rerun: Callable
+) -> list[str]:
+    """The speculative stop defects `shapes` names, when the workload, its limits fixed, passes
+    without speculation and, with speculation, without its stop strings; empty otherwise."""
     for _, fix in limit_fix:
         options, workload = fix(options, workload)
     plain = replace(workload, stops=())
     if rerun(replace(options, method="none"), workload).result.passed and rerun(options, plain).result.passed:
-        return [*names, "spec-stop-string"]
+        return sorted(shapes)
     return []

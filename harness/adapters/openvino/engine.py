@@ -180,9 +180,13 @@ class OpenVinoEngine:
         return handle is not None and handle.get_status() != ov_genai.GenerationStatus.RUNNING
 
     def usage(self, request_id: int) -> int | None:
-        """The handle's count of generated tokens (its perf metrics'), None for an unknown request."""
+        """The handle's count of generated tokens (its perf metrics'); None where it reports none: an
+        unknown request, or one whose generation never completed (the pipeline raised part-way)."""
         handle = self.handles.get(request_id)
-        return None if handle is None else int(handle.get_perf_metrics().get_num_generated_tokens())
+        try:
+            return None if handle is None else int(handle.get_perf_metrics().get_num_generated_tokens())
+        except RuntimeError:  # "Perf metrics are not available until generation has completed"
+            return None
 
     def decode(self, ids: Sequence[int]) -> str:
         """The pipeline's own tokenizer's text of `ids`."""

@@ -1,5 +1,5 @@
 """The pipeline's models: the built-in tiny Llama and its layer-0 draft (the ones `audit-vllm`
-serves, `adapters.vllm_models`), exported offline to OpenVINO IR by optimum-intel in float32,
+serves, `adapters.vllm.models`), exported offline to OpenVINO IR by optimum-intel in float32,
 with their tokenizer converted by openvino-tokenizers. Built once under the specaudit cache."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from specaudit.adapters.vllm_models import model_directories
+from specaudit.adapters.vllm.models import model_directories
 from specaudit.contracts.errors import UsageError
 from specaudit.models.pretrained import built, cache_dir
 

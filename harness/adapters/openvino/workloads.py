@@ -82,7 +82,7 @@ def prompt_after(draw: st.DrawFn, earlier: list[tuple[int, ...]], vocab: int) ->
 
 @st.composite
 def workloads(draw: st.DrawFn, vocab: int, max_requests: int = 6, stops: bool = True) -> Workload:
-    """A drawn workload; `stops`: some requests carry a stop string (`audit-openvino --stop-strings`)."""
+    """A drawn workload; `stops`: some requests carry a stop string (all but `audit-openvino --no-stop-strings`)."""
     n = draw(st.integers(1, max_requests))
     prompts: list[tuple[int, ...]] = []
     for _ in range(n):

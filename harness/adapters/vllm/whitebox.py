@@ -6,7 +6,7 @@ One engine per configuration (block size, chunked prefill through a small
 and Hypothesis drawing workloads on it: arrivals between steps, aborts, duplicate prompts and
 shared prefixes, prompts and outputs crossing block boundaries, `max_tokens` per request (so
 that some land inside an accepted run), and a stop token among the model's likely tokens. Each
-workload's evidence is a `running.paged.PagedRun`: the trace (`adapters.vllm_observer`, with
+workload's evidence is a `running.paged.PagedRun`: the trace (`adapters.vllm.observer`, with
 preemptions followed) and a `running.record.Record` of each request's tokens against its
 batch-size-1 greedy oracle, judged by the registry's PAGED checks (paged layout, contract,
 equivalence, liveness). A failure is shrunk by Hypothesis (requests, tokens, steps) within a
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from specaudit.adapters.vllm_drafts import DraftShape, drafts_shaped
+from specaudit.adapters.vllm.drafts import DraftShape, drafts_shaped
 from specaudit.checks.registry import PAGED, evaluate
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import Violation
@@ -54,7 +54,7 @@ class EngineOptions:
     kv_blocks: int | None = None  # small: requests are preempted and recomputed
     prefix_caching: bool = False
     max_model_len: int = 512
-    disagree: float = 0.0  # share of drafted tokens made wrong (`adapters.vllm_drafts`): ragged acceptance
+    disagree: float = 0.0  # share of drafted tokens made wrong (`adapters.vllm.drafts`): ragged acceptance
 
     def __post_init__(self) -> None:
         if self.kv_blocks is not None and self.kv_blocks * self.block_size < self.max_model_len:
@@ -166,7 +166,7 @@ def run_workload(llm: Any, workload: Workload, disagree: float = 0.0, max_steps:
     the drafts shaped (the workload's K, `disagree` of them wrong)."""
     from vllm import SamplingParams
 
-    from specaudit.adapters.vllm_observer import VllmObserver
+    from specaudit.adapters.vllm.observer import VllmObserver
 
     def params(r: PlannedRequest) -> Any:
         if workload.eos is None:
@@ -583,8 +583,8 @@ def search(
 
 
 def default_payload(new_tokens: int) -> dict[str, Any]:
-    """The observer's staggered workload (`vllm_observer.PROMPTS`, one aborted) as a payload."""
-    from specaudit.adapters.vllm_observer import ABORTS, ARRIVALS, PROMPTS
+    """The observer's staggered workload (`observer.PROMPTS`, one aborted) as a payload."""
+    from specaudit.adapters.vllm.observer import ABORTS, ARRIVALS, PROMPTS
 
     prompts = {rid: list(p) for rid, p in PROMPTS.items()}
     return {"new_tokens": new_tokens, "prompts": prompts, "arrivals": dict(ARRIVALS), "aborts": dict(ABORTS)}
@@ -600,7 +600,7 @@ def observe_in_process(model: str, draft: str | None, payload: dict[str, Any]) -
     """A reproducer's workload (prompts, arrival and abort steps, tokens per request, a stop token,
     the engine's settings) through an in-process `vllm.LLM`, judged like a drawn one. Run with the
     vLLM venv's python (`VLLM_ENABLE_V1_MULTIPROCESSING=0` is set before vLLM is imported)."""
-    from specaudit.adapters.vllm_observer import build_llm, hf_kv_reference
+    from specaudit.adapters.vllm.observer import build_llm, hf_kv_reference
 
     path, draft_path = resolve_model(model), resolve_model(draft)
     assert path is not None

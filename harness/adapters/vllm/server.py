@@ -2,11 +2,11 @@
 
 Per configuration (no speculation as the control, ngram prompt lookup, a draft model, the
 target as its own draft) the server's `--speculative-config` and extra arguments (the black
-box: a vLLM OpenAI-compatible server, `adapters.vllm_lifecycle`) and the in-process engine's
-settings (the white box, `adapters.vllm_whitebox`): block size, chunked prefill, a KV cache small
+box: a vLLM OpenAI-compatible server, `adapters.vllm.lifecycle`) and the in-process engine's
+settings (the white box, `adapters.vllm.whitebox`): block size, chunked prefill, a KV cache small
 enough to preempt, prefix caching and K vary across configurations so that together they cover
 the paged layout's hard paths. The driver is `specaudit.commands.audit_vllm`; the report,
-`adapters.vllm_report`; the served models, `adapters.vllm_models`.
+`adapters.vllm.report`; the served models, `adapters.vllm.models`.
 
 Level of evidence of the black box: OUTPUT ONLY (see `specaudit.adapters.engine_blackbox`); of
 the white box: every target forward's layout and every request's outputs.
@@ -20,9 +20,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from specaudit.adapters.vllm_drafts import DRAFTS_ENV
-from specaudit.adapters.vllm_observer import NGRAM
-from specaudit.adapters.vllm_whitebox import SMALL_BLOCK, EngineOptions
+from specaudit.adapters.vllm.drafts import DRAFTS_ENV
+from specaudit.adapters.vllm.observer import NGRAM
+from specaudit.adapters.vllm.whitebox import SMALL_BLOCK, EngineOptions
 from specaudit.config.settings import VLLM_CONFIGURATIONS
 from specaudit.contracts.errors import UsageError
 from specaudit.reference.vllm_mutants import CPU_EXPAND, WORKAROUNDS_ENV
@@ -37,7 +37,7 @@ SERVER_BLOCK = ("--block-size", str(SMALL_BLOCK), "--num-gpu-blocks-override", s
 WHITEBOX_LENGTH = 128  # max_model_len of the white box's engines: prompts and outputs of up to 48 fit
 DISAGREE = 0.3
 """The `disagree` configuration's share of wrong drafts: the target drafting for itself, each
-drafted token made wrong with this probability (`adapters.vllm_drafts`), so requests accept
+drafted token made wrong with this probability (`adapters.vllm.drafts`), so requests accept
 long runs of different lengths."""
 WHITEBOX = {
     "control": EngineOptions("none", 0, SMALL_BLOCK, 64, 5, True, WHITEBOX_LENGTH),
@@ -110,7 +110,7 @@ def speculative_config(configuration: str, draft: Path, target: Path | None = No
 
 def server_env(configuration: str) -> dict[str, str]:
     """The server's environment beyond `SERVER_ENV`: the `disagree` configuration's drafts shaped in
-    its engine core (the `vllm.general_plugins` entry point `adapters.vllm_drafts.shape_from_env`)."""
+    its engine core (the `vllm.general_plugins` entry point `adapters.vllm.drafts.shape_from_env`)."""
     return {DRAFTS_ENV: f"disagree={DISAGREE}"} if configuration == "disagree" else {}
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from specaudit.adapters.sampling_blackbox import EVIDENCE as SAMPLING_EVIDENCE
 from specaudit.adapters.sampling_blackbox import SAMPLING, SUPPORT_MARGIN
-from specaudit.adapters.vllm_lifecycle import SERVER_ARGS
-from specaudit.adapters.vllm_metrics import SpecCounts
-from specaudit.adapters.vllm_server import sampling_size, workaround_env
+from specaudit.adapters.vllm.lifecycle import SERVER_ARGS
+from specaudit.adapters.vllm.metrics import SpecCounts
+from specaudit.adapters.vllm.server import sampling_size, workaround_env
 from specaudit.artifacts.report import entry, write_report
 from specaudit.config.settings import VllmAuditSettings
 from specaudit.contracts.subjects import VLLM_BLACK_BOX, VLLM_WHITE_BOX
@@ -35,7 +35,7 @@ IN_FLIGHT = ("In flight: requests sent and not yet answered, seen at the client 
 @dataclass(frozen=True)
 class ConfigurationOutcome:
     """One served model x configuration: the black-box verdict (`passed`, `verdict`) and the
-    server's speculative counters, and the white box's result (`adapters.vllm_whitebox`, as JSON;
+    server's speculative counters, and the white box's result (`adapters.vllm.whitebox`, as JSON;
     None: not run)."""
 
     model: str
@@ -161,7 +161,7 @@ def render_markdown(outcomes: Sequence[ConfigurationOutcome], header: str = "") 
 def notes_of(outcomes: Sequence[ConfigurationOutcome]) -> list[str]:
     """Each warning, failing verdict and error, per configuration."""
     notes = [f"- **{o.model} / {o.configuration}**: {w}" for o in outcomes for w in o.warnings]
-    for o in outcomes:  # what the white box's draws exercised (`vllm_whitebox.Features`)
+    for o in outcomes:  # what the white box's draws exercised (`whitebox.Features`)
         if o.whitebox and o.whitebox.get("features"):
             counts = ", ".join(f"{n} {feature}" for feature, n in o.whitebox["features"].items())
             notes.append(f"- **{o.model} / {o.configuration}** white box coverage: {counts}")
