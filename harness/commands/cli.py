@@ -674,7 +674,7 @@ def cmd_audit_openvino(args: argparse.Namespace) -> int:
     from specaudit.adapters.openvino.audit import run_openvino
 
     names = [n for n in args.configurations.split(",") if n]
-    return run_openvino(names, args.examples, args.minutes, args.seed, args.out, args.stop_strings)
+    return run_openvino(names, args.examples, args.minutes, args.seed, args.out, args.stop_strings, args.sampling)
 
 
 def add_openvino(sub: argparse._SubParsersAction) -> None:
@@ -703,6 +703,13 @@ def add_openvino(sub: argparse._SubParsersAction) -> None:
         action="store_false",
         help="draw no stop strings (by default about a third of the requests carry one, some with a limit inside "
         "the stop's accepted run)",
+    )
+    parser.add_argument(
+        "--no-sampling",
+        dest="sampling",
+        action="store_false",
+        help="skip the sampling runs (without speculation, the draft model and prompt lookup, judged against the "
+        "target's exact distribution)",
     )
     parser.set_defaults(func=cmd_audit_openvino)
 

@@ -3,7 +3,8 @@ workloads pass on every configuration that has no known defect, the known defect
 present and explained (so the audit's known failures are not stale), and planted bugs in the step
 wrapper (tokens gathered in the wrong request order, a cancel ignored, stop-string ids left in, a
 usage count past EOS, a run ending on its limit before its stop string is checked) are caught by
-the drawn search at the output level. Needs the OpenVINO
+the drawn search at the output level, and sampling is judged in distribution (a planted sampler at
+the wrong temperature caught). Needs the OpenVINO
 venv (`make test-openvino`); skips elsewhere."""
 
 from __future__ import annotations
@@ -265,9 +266,9 @@ STOP_AT = (STOP_PROMPT,)  # continuation [216, 479, 161, 421, 316, ...]: "w421" 
         ("spec-u8-cache", "draft-bf16", {"prompts": [[303, 254, 156, 300, 137]], "limits": [14], "ks": [1],
                                          "arrivals": [0], "cancels": [None]}),
         # the pipeline raising part-way (a check in sequence_group.cpp) under a budget below the verification
-        ("spec-token-budget", "draft", {"prompts": [[4], [4], [4], [4] * 7, [4], [4] * 7],
-                                        "limits": [1, 1, 1, 1, 21, 9], "ks": [1, 1, 1, 1, 1, 6],
-                                        "arrivals": [1, 1, 1, 1, 0, 0], "cancels": [None] * 6}),
+        ("spec-token-budget", "draft-chunk8", {"prompts": [[4], [4], [4], [4] * 7, [4], [4] * 7],
+                                               "limits": [1, 1, 1, 1, 21, 9], "ks": [1, 1, 1, 1, 1, 6],
+                                               "arrivals": [1, 1, 1, 1, 0, 0], "cancels": [None] * 6}),
     ],
 )  # fmt: skip
 def test_known_defects_found_by_drawn_workloads_are_present_and_explained(
@@ -279,7 +280,8 @@ def test_known_defects_found_by_drawn_workloads_are_present_and_explained(
     from specaudit.adapters.openvino.defects import KNOWN_DEFECTS, explained
     from specaudit.adapters.openvino.workloads import Workload
 
-    options, drawn = CONFIGURATIONS[configuration], Workload.from_json(workload)
+    chunk8 = replace(CONFIGURATIONS["draft"], max_num_batched_tokens=8)  # the drawn budget before SPEC_CHUNK
+    options, drawn = {**CONFIGURATIONS, "draft-chunk8": chunk8}[configuration], Workload.from_json(workload)
     failing = run(models, options, drawn)
     assert not failing.result.passed, failing.result.table()
     rules = {v.rule for v in failing.result.violations}
@@ -413,3 +415,27 @@ def test_planted_limit_before_stop_is_caught(models: Any, monkeypatch: pytest.Mo
     planted(monkeypatch, "step", LimitBeforeStop.step)
     planted(monkeypatch, "usage", LimitBeforeStop.usage)
     caught(drawn_search(models, "draft-whole"), "stop-string")
+
+
+def test_sampling_is_judged_in_distribution_and_the_draft_models_defect_is_present(models: Any) -> None:
+    """Without speculation and with prompt lookup the sampled tokens fit the target's exact
+    distribution; the draft model's do not, which is the known defect `spec-sampling` (this test
+    fails once OpenVINO fixes it)."""
+    from specaudit.adapters.openvino.sampling import sampling_rows
+
+    target_ir, draft_ir, target = models
+    rows = {r["configuration"]: r for r in sampling_rows(target_ir, draft_ir, target, 0, print)}
+    assert rows["sampling-none"]["verdict"].startswith("lossless in distribution"), rows["sampling-none"]
+    assert rows["sampling-lookup"]["verdict"].startswith("lossless in distribution"), rows["sampling-lookup"]
+    assert rows["sampling-draft"]["known"] == {"spec-sampling": 1}, rows["sampling-draft"]
+    assert "distribution/" in rows["sampling-draft"]["verdict"]
+
+
+def test_planted_sampling_at_the_wrong_settings_is_caught(models: Any) -> None:
+    """Planted: the pipeline is sent temperature 1 while the judge holds it to 0.8 (a sampler that
+    ignores a request's temperature); the non-speculative pipeline, which passes at the right one, fails."""
+    from specaudit.adapters.openvino.sampling import OV_SAMPLING, run_sampling
+
+    target_ir, draft_ir, target = models
+    verdict, _ = run_sampling(target_ir, draft_ir, target, "none", 0, sent=replace(OV_SAMPLING, temperature=1.0))
+    assert not verdict.passed and verdict.violations[0].check == "distribution", verdict.verdict

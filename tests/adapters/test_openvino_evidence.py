@@ -236,3 +236,13 @@ def test_every_known_defect_names_a_standalone_reproducer() -> None:
         script = (root / found[0]).read_text()
         assert "import specaudit" not in script and "from specaudit" not in script, found[0]
         assert "def main(" in script and "CONFIRMED" in script, found[0]
+
+
+def test_the_sampling_workload_is_the_seeds() -> None:
+    """Same seed, same requests, K, arrivals and rng seeds (no global randomness); K mixed in 1..7."""
+    from specaudit.adapters.openvino.sampling import PER_PROMPT, PROMPTS, sampling_workload
+
+    (one, seeds), (again, seeds_again) = sampling_workload(3), sampling_workload(3)
+    assert one == again and seeds == seeds_again and sampling_workload(4) != (one, seeds)
+    assert len(one.prompts) == len(PROMPTS) * PER_PROMPT == len(set(seeds.values()))
+    assert set(one.ks) <= set(range(1, MAX_K + 1)) and len(set(one.ks)) > 1

@@ -106,6 +106,8 @@ class OpenVinoEngine:
         self.tokens: dict[int, list[int]] = {}
         self.finish: dict[int, str] = {}  # "stop" or "length": the last finish reason other than NONE
         self.tokenizer: Any = None
+        self.sampling: Any = None  # a `contracts.sampling.Sampling`: requests sample (`rng_seed` from `seeds`)
+        self.seeds: dict[int, int] = {}
 
     def generation_config(self, max_new_tokens: int, k: int, stop: str | None = None, include: bool = False) -> Any:
         """`stop`: this request's stop string (the options' set when None), `include`: include_stop_str_in_output."""
@@ -141,6 +143,10 @@ class OpenVinoEngine:
         self.k_of[request_id] = k or self.options.k
         ids = ov.Tensor(np.asarray([list(prompt_ids)], dtype=np.int64))
         config = self.generation_config(max_new_tokens, self.k_of[request_id], stop, include)
+        if self.sampling is not None:
+            config.do_sample, config.rng_seed = True, self.seeds[request_id]
+            config.temperature, config.top_k, config.top_p = self.sampling.temperature, self.sampling.top_k or 0, (
+                1.0 if self.sampling.top_p is None else self.sampling.top_p)  # fmt: skip
         self.handles[request_id] = self.pipeline.add_request(request_id, ids, config)
 
     def step(self) -> dict[int, list[int]]:
