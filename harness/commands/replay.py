@@ -271,10 +271,3 @@ def replay_sampling_case(reproducer: Reproducer, options: ReplayOptions) -> Samp
     return SamplingReplay(
         decoder, case, evaluate(SAMPLER, run_sampling_case(decoder, case, factory=load_decoder(decoder)))
     )
-
-
-def replay_openvino(reproducer: Reproducer, options: ReplayOptions) -> Any:
-    """The workload through a fresh OpenVINO GenAI pipeline, judged at the output level (needs the OpenVINO venv)."""
-    from specaudit.adapters.openvino.audit import replay_reproducer
-
-    return replay_reproducer(reproducer)

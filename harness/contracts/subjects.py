@@ -101,7 +101,7 @@ SAMPLING_DECODER = SubjectKind(
 )  # fmt: skip
 OPENVINO = SubjectKind(
     "openvino", EVIDENCE_BLACK_BOX, "openvino", None, (), "an OpenVINO GenAI reproducer",
-    payload=("workload",), replayer=REPLAY + "replay_openvino",
+    payload=("workload",), replayer="specaudit.adapters.openvino.audit:replay_reproducer",
 )  # fmt: skip
 
 KINDS: tuple[SubjectKind, ...] = (

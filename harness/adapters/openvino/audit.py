@@ -454,9 +454,10 @@ def run_openvino(
     return 0 if all(r.passed for r in results) and all(r["passed"] for r in sampled) else 1
 
 
-def replay_reproducer(reproducer: Reproducer) -> Any:
+def replay_reproducer(reproducer: Reproducer, options: Any = None) -> Any:
     """An `openvino` reproducer's workload through a fresh pipeline with the file's options, judged
-    again (`reproducer.OpenVinoReplay`); `specaudit replay FILE` lands here."""
+    again (`reproducer.OpenVinoReplay`); `specaudit replay FILE` lands here (its row's replayer:
+    replay's options change nothing, the file names the pipeline)."""
     if importlib.util.find_spec("openvino_genai") is None:
         raise UsageError(f"{reproducer.where} replays OpenVINO GenAI: run it with the OpenVINO venv's specaudit "
                          "(.venv-openvino/bin/specaudit replay FILE; make openvino-venv)")  # fmt: skip
