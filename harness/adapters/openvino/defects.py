@@ -153,8 +153,9 @@ def explained(options: Any, failing: Any, rerun: Callable[[Any, Any], Any]) -> l
             return [name]
     limit_fix = [(n, f) for n, f in candidates if n in ("stop-at-limit", "spec-stop-limit")]
     limited = alone.get(limit_fix[0][0], failing) if limit_fix else failing
-    if options.method != "none" and spec_stop_shapes(limited):
-        found = spec_stop(options, failing.workload, limit_fix, spec_stop_shapes(limited), rerun)
+    shapes = spec_stop_shapes(limited) if options.method != "none" else set()
+    if shapes:
+        found = spec_stop(options, failing.workload, limit_fix, shapes, rerun)
         if found:  # the limit's defect too where its fix took away one of the failing run's violations
             helped = bool(signature(failing) - signature(limited))
             return [n for n, _ in limit_fix if helped] + found
@@ -165,13 +166,15 @@ def explained(options: Any, failing: Any, rerun: Callable[[Any, Any], Any]) -> l
         last = rerun(*state)
         if last.result.passed:
             return [n for n, _ in candidates]
-        if options.method != "none" and spec_stop_shapes(last):
-            found = spec_stop(state[0], state[1], [], spec_stop_shapes(last), rerun)
+        shapes = spec_stop_shapes(last) if options.method != "none" else set()
+        if shapes:
+            found = spec_stop(state[0], state[1], [], shapes, rerun)
             return [n for n, _ in candidates] + found if found else []
     return []
 
 
 def signature(run: Any) -> set[tuple[int | None, str]]:
+    """A run's violations as (request, rule): what a fix took away."""
     return {(v.request, v.rule) for v in run.result.violations}
 
 
