@@ -246,3 +246,18 @@ def test_the_sampling_workload_is_the_seeds() -> None:
     assert one == again and seeds == seeds_again and sampling_workload(4) != (one, seeds)
     assert len(one.prompts) == len(PROMPTS) * PER_PROMPT == len(set(seeds.values()))
     assert set(one.ks) <= set(range(1, MAX_K + 1)) and len(set(one.ks)) > 1
+
+
+def test_exercised_features_are_counted_and_unreached_ones_flagged() -> None:
+    """A prompt over the budget is chunked, one sharing an earlier prompt's start can hit the prefix
+    cache; a configuration whose draws reached none of an enabled feature is flagged."""
+    from specaudit.adapters.openvino.workloads import exercised, unexercised
+
+    w = Workload(((5,) * 12, (5, 6), (7,)), (4, 4, 4), (1, 3, 3), (0, 1, 0), (None, 2, None), None,
+                 (None, None, (0, 1, 0, 0, False)))  # fmt: skip
+    counts = exercised(w, budget=8)
+    assert counts == {"chunked prefill": 1, "shared prefix": 1, "cancel": 1, "stop string": 1, "mixed K": 1}
+    assert unexercised(counts, 8, True, True) == []
+    none = {name: 0 for name in counts}
+    assert unexercised(none, 8, True, True) == ["cancel", "stop string", "chunked prefill", "shared prefix", "mixed K"]
+    assert unexercised(none, 256, False, False) == ["cancel", "stop string"]

@@ -37,7 +37,7 @@ from specaudit.adapters.openvino.engine import EngineOptions, OpenVinoEngine, bu
 from specaudit.adapters.openvino.precision import CPU_DEFAULTS, at_precision, low_precision, rejudged
 from specaudit.adapters.openvino.sampling import OV_SAMPLING, sampling_rows, sampling_table
 from specaudit.adapters.openvino.steps import bad_token, drive
-from specaudit.adapters.openvino.workloads import Workload, workloads
+from specaudit.adapters.openvino.workloads import Workload, exercised, unexercised, workloads
 from specaudit.artifacts.reproducer import Reproducer
 from specaudit.checks.stops import (
     check_stop_output,
@@ -233,6 +233,7 @@ class ConfigurationResult:
     known: dict[str, int] = field(default_factory=dict)
     known_runs: dict[str, Run] = field(default_factory=dict)  # per known defect, the first workload it explained
     numerics: int = 0  # requests off the oracle that the control at the same precision explains
+    features: dict[str, int] = field(default_factory=dict)  # `workloads.exercised`, summed over the draws
     error: str | None = None
 
     @property
@@ -248,7 +249,13 @@ class ConfigurationResult:
             return f"FAIL [{v.check}: {v.rule}] {v.render()}"
         known = [f"known defect {k} x{n}" for k, n in self.known.items()]
         known += [f"numerics x{self.numerics} (requests the control at this precision explains)"] * bool(self.numerics)
+        known += [f"flagged: {', '.join(self.unexercised())} never drawn"] * bool(self.unexercised())
         return "PASS" + (f" ({'; '.join(known)})" if known else "")
+
+    def unexercised(self) -> list[str]:
+        """Features the configuration enables that no drawn workload reached (a weak pass, said so)."""
+        o = self.options
+        return unexercised(self.features, o.max_num_batched_tokens, o.prefix_caching, o.method != "none")
 
     def acceptance(self) -> float | None:
         return sum(self.acceptances) / len(self.acceptances) if self.acceptances else None
@@ -265,7 +272,8 @@ class ConfigurationResult:
                 "shrink_runs": self.shrink_runs,
                 "seconds": round(self.seconds, 2), "acceptance": self.acceptance(),
                 "ragged_share": self.ragged_share(), "requests": self.requests, "cancelled": self.cancelled,
-                "known": self.known, "numerics": self.numerics, "failure": failure}  # fmt: skip
+                "known": self.known, "numerics": self.numerics, "exercised": self.features,
+                "unexercised": self.unexercised(), "failure": failure}  # fmt: skip
 
 
 class _Failed(Exception):
@@ -332,6 +340,8 @@ def search(
             out.requests += len(workload.prompts)
             out.cancelled += len(run.cancelled)
             out.ragged.append(run.ragged_share)
+            for name, n in exercised(workload, options.max_num_batched_tokens).items():
+                out.features[name] = out.features.get(name, 0) + n
             if run.acceptance is not None:
                 out.acceptances.append(run.acceptance)
         if run.result.passed:

@@ -109,3 +109,28 @@ def stop_spec(draw: st.DrawFn, limit: int) -> StopSpec:
     start = draw(st.integers(0, max(limit - 1, 0)))
     head = draw(st.integers(0, 2)) if n == 1 else 0
     return start, n, head, draw(st.integers(0, 2)), draw(st.booleans())
+
+
+def exercised(workload: Workload, budget: int) -> dict[str, int]:
+    """What a workload draws of the features a configuration may enable, by construction (the step
+    API reports no scheduling): prompts longer than the token budget (their prefill is chunked),
+    prompts sharing a prefix with one added no later (a prefix-cache lookup that can hit), cancels,
+    stop strings, and requests of different K in one workload (ragged verification possible)."""
+    prompts, arrivals = workload.prompts, workload.arrivals
+    earlier = [[q for j, q in enumerate(prompts) if j != i and arrivals[j] <= arrivals[i]] for i in range(len(prompts))]
+    return {
+        "chunked prefill": sum(len(p) > budget for p in prompts),
+        "shared prefix": sum(any(q[0] == p[0] for q in before) for p, before in zip(prompts, earlier)),
+        "cancel": sum(c is not None for c in workload.cancels),
+        "stop string": sum(s is not None for s in workload.stops),
+        "mixed K": int(len(set(workload.ks)) > 1),
+    }
+
+
+def unexercised(counts: dict[str, int], budget: int, prefix_caching: bool, speculative: bool) -> list[str]:
+    """The features a configuration enables that its draws never reached (`exercised`, summed)."""
+    enabled = ["cancel", "stop string"]
+    enabled += ["chunked prefill"] if budget < MAX_PROMPT else []
+    enabled += ["shared prefix"] if prefix_caching else []
+    enabled += ["mixed K"] if speculative else []
+    return [name for name in enabled if counts.get(name, 0) == 0]
