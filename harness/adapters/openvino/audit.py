@@ -35,7 +35,7 @@ from specaudit.adapters.engine_blackbox import (
 )
 from specaudit.adapters.openvino.engine import EngineOptions, OpenVinoEngine, build_pipeline
 from specaudit.adapters.openvino.precision import CPU_DEFAULTS, at_precision, low_precision, rejudged
-from specaudit.adapters.openvino.sampling import OV_SAMPLING, sampling_rows, sampling_table
+from specaudit.adapters.openvino.sampling import OV_SAMPLING, sampling_rows
 from specaudit.adapters.openvino.steps import bad_token, drive
 from specaudit.adapters.openvino.workloads import Workload, exercised, unexercised, workloads
 from specaudit.artifacts.reproducer import Reproducer
@@ -400,7 +400,21 @@ def table(results: list[ConfigurationResult]) -> str:
                      str(r.examples), str(r.clean), str(r.requests), str(r.cancelled),
                      "-" if acc is None else f"{acc:.2f}", f"{r.ragged_share():.2f}", f"{r.seconds:.0f}",
                      r.verdict))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head) - 1)]
+    return aligned(rows)
+
+
+def sampling_table(rows: list[dict[str, Any]]) -> str:
+    head = ("configuration", "requests", "tokens", "acceptance", "ragged share", "verdict")
+    return aligned([head] + [
+        (r["configuration"], str(r["requests"]), str(r["tokens"]),
+         "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}", f"{r['ragged_share']:.2f}", r["verdict"])
+        for r in rows
+    ])  # fmt: skip
+
+
+def aligned(rows: list[tuple[str, ...]]) -> str:
+    """Columns padded to their widest cell; the last (the verdict) left as long as it is."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[-1]]) for row in rows)
 
 

@@ -112,14 +112,3 @@ def sampling_rows(
         say(f"sampling-{method}: {row['verdict']}")
         rows.append(row)
     return rows
-
-
-def sampling_table(rows: list[dict[str, Any]]) -> str:
-    head = ("configuration", "requests", "tokens", "acceptance", "ragged share", "verdict")
-    lines = [head] + [
-        (r["configuration"], str(r["requests"]), str(r["tokens"]),
-         "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}", f"{r['ragged_share']:.2f}", r["verdict"])
-        for r in rows
-    ]  # fmt: skip
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
-    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(line, widths)), line[-1]]) for line in lines)
