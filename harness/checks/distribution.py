@@ -116,7 +116,7 @@ def impossible_tokens(tokens: list[SampledToken], limit: int = 3) -> list[Violat
         Violation(
             "distribution",
             "impossible-token",
-            f"token {t.token} ({role_words(t.role)}) at index {t.index} of run {t.run}, which p gives probability 0",
+            f"token {t.token} ({role_words(t.role)}) at index {t.index} of {place(t)}, which p gives probability 0",
             "a token p gives a positive probability (the target's distribution after temperature, top-k and top-p)",
             call=t.role.call,
             row=t.role.row,
@@ -189,7 +189,14 @@ def role_words(role: Role) -> str:
         return f"{'an accepted draft' if role.accepted else 'drawn after a rejected draft'}, round {role.round}"
     if role.role == "bonus":
         return f"the bonus after {role.slot} accepted draft(s), round {role.round}"
+    if role == UNSEEN:
+        return "its role unseen: output level"
     return f"a {role.role} step, round {role.round}"
+
+
+def place(t: SampledToken) -> str:
+    """Where a token lies: its run, or at the output level (no forward seen) its request."""
+    return f"request {t.row}" if t.role == UNSEEN else f"run {t.run}"
 
 
 def where(t: SampledToken) -> dict[str, object]:

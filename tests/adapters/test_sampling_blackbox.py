@@ -207,9 +207,11 @@ def test_a_boundary_token_passes_and_an_impossible_one_fails(llama) -> None:
     boundary = Sample(Request(0, tuple(prompt), 1, 0.0), 0, 1, (int(ranked.indices[k]),))
     verdict = judge_samples("x", llama, [boundary], top_k, 0)
     assert verdict.passed and verdict.boundary == [(0, 0)], verdict.verdict
-    last = Sample(Request(0, tuple(prompt), 1, 0.0), 0, 1, (int(ranked.indices[-1]),))
+    last = Sample(Request(3, tuple(prompt), 1, 0.0), 0, 1, (int(ranked.indices[-1]),))
     verdict = judge_samples("x", llama, [last], top_k, 0)
     assert [v.rule for v in verdict.violations] == ["impossible-token"] and not verdict.boundary, verdict.verdict
+    # no forward is seen at the output level: the message names the request, not a role or a run
+    assert "(its role unseen: output level) at index 0 of request 3," in verdict.violations[0].found
 
 
 # ---------------------------------------------------------------------------------------
