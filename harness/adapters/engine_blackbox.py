@@ -184,12 +184,16 @@ class TokenizerText:
         return text
 
 
-def detokenizer(target: torch.nn.Module | str | Path) -> Decode | None:
-    """The target directory's `tokenizer.json` (`TokenizerText`): the directory given or the one a loaded
-    model came from; None without one (no stop strings)."""
-    name = target if isinstance(target, str | Path) else getattr(getattr(target, "config", None), "_name_or_path", "")
-    path = Path(str(name or "")) / "tokenizer.json"
-    return TokenizerText(path) if name and path.is_file() else None
+def detokenizer(*targets: torch.nn.Module | str | Path) -> Decode | None:
+    """The first target directory's `tokenizer.json` (`TokenizerText`) among the directories given or
+    the ones loaded models came from; None without one (no stop strings)."""
+    for target in targets:
+        loaded_from = getattr(getattr(target, "config", None), "_name_or_path", "")
+        name = target if isinstance(target, str | Path) else loaded_from
+        path = Path(str(name or "")) / "tokenizer.json"
+        if name and path.is_file():
+            return TokenizerText(path)
+    return None
 
 
 def in_context(decode: Decode, prompt: Sequence[int]) -> Decode:

@@ -236,7 +236,7 @@ def audit_server(
     requests = requests if stops is None else with_given_stops(requests, stops)
     share = STOP_SHARE if stop_share is None else stop_share
     wanted = share > 0 if stops is None else any(r.stop is not None for r in requests)
-    decode = decode or (detokenizer(target) or detokenizer(target_model) if wanted else None)
+    decode = decode or (detokenizer(target, target_model) if wanted else None)
     if stops is None and decode is not None and share > 0:
         requests = with_stops(target_model, requests, eos_token_id, decode, seed, share)
     if stops is not None and wanted and decode is None:

@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 import torch
 
 from specaudit.adapters.engine_blackbox import (
-    Decode,
     EngineAuditResult,
     Request,
     detokenizer,
@@ -31,6 +30,7 @@ from specaudit.adapters.engine_blackbox import (
     make_requests,
     mixed_limits,
     seeded_arrivals,
+    with_given_stops,
     with_stops,
 )
 from specaudit.adapters.transports import audit_callable, audit_server, is_stepwise
@@ -244,19 +244,10 @@ def endpoints(settings: BlackboxSettings, data: dict[str, Any] | None) -> tuple[
     return str(transport), str(where), target
 
 
-def stored_stop(request: dict[str, Any]) -> tuple[str | None, bool]:
-    """A reproducer request's stop string (None: none) and include flag; TypeError if the stop is no string."""
-    stop = request.get("stop")
-    if stop is not None and (not isinstance(stop, str) or not stop):
-        raise TypeError(f"request {request.get('id')}: stop {stop!r} is not a non-empty string")
-    return stop, bool(request.get("include_stop", False))
-
-
-def stored_request(request: dict[str, Any], recorded: bool) -> Request:
-    """One reproducer request; its stored stop only where the file `recorded` them."""
+def stored_request(request: dict[str, Any]) -> Request:
+    """One reproducer request, without its stop (`replayed_plan` gives the stored ones)."""
     prompt = tuple(int(t) for t in request["prompt"])
-    stop, include = stored_stop(request) if recorded else (None, False)
-    return Request(int(request["id"]), prompt, int(request["max_new_tokens"]), float(request["arrival"]), stop, include)
+    return Request(int(request["id"]), prompt, int(request["max_new_tokens"]), float(request["arrival"]))
 
 
 def replayed_plan(settings: BlackboxSettings, data: dict[str, Any], transport: str, where: str, target: str) -> Plan:
@@ -264,7 +255,10 @@ def replayed_plan(settings: BlackboxSettings, data: dict[str, Any], transport: s
     `stops_recorded` (written before stops were stored) has its stops drawn from the seed again, as then."""
     recorded = bool(data.get("stops_recorded"))
     try:
-        requests = tuple(stored_request(r, recorded) for r in data["requests"])
+        requests = tuple(stored_request(r) for r in data["requests"])
+        if recorded:  # checked as `audit_server` checks given stops: a string or None per request
+            stops = [(r.get("stop"), bool(r.get("include_stop", False))) for r in data["requests"]]
+            requests = tuple(with_given_stops(requests, stops))
         seed, spread, max_batch = int(data["seed"]), float(data["spread"]), int(data["max_batch"])
         eos = None if data.get("eos_token_id") is None else int(data["eos_token_id"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -274,12 +268,6 @@ def replayed_plan(settings: BlackboxSettings, data: dict[str, Any], transport: s
     served = settings.served_model or data.get("served_model")
     dtype = settings.dtype or data.get("dtype")
     return Plan(transport, where, target, requests, seed, spread, eos, served, max_batch, dtype, recorded)
-
-
-def stop_decode(target: str, model: torch.nn.Module) -> Decode | None:
-    """The text of token ids for stop strings: the target directory's tokenizer, or the loaded model's
-    (as `transports.audit_server` finds it); None for a target without one (no stop strings)."""
-    return detokenizer(target) or detokenizer(model)
 
 
 def fresh_plan(
@@ -306,7 +294,7 @@ def fresh_plan(
     eos = likely_eos(model, prompts, limits) if settings.likely_eos else settings.eos_token_id
     arrivals = seeded_arrivals(len(prompts), seed, spread, steps=transport == "engine")
     requests = make_requests(prompts, arrivals, limits)
-    decode = stop_decode(target, model) if transport == "http" else None
+    decode = detokenizer(target, model) if transport == "http" else None
     requests = requests if decode is None else with_stops(model, requests, eos, decode, seed)
     return Plan(transport, where, target, tuple(requests), seed, spread, eos,
                 settings.served_model, settings.max_batch, settings.dtype)  # fmt: skip
@@ -387,7 +375,7 @@ def blackbox_result(settings: BlackboxSettings, data: dict[str, Any] | None) -> 
     say(f"loading target {target} for the oracle")
     model = load_target(target, None if dtype == "auto" and target in MODELS else dtype)
     plan = plan or fresh_plan(settings, transport, where, target, model, given)
-    if any(r.stop is not None for r in plan.requests) and stop_decode(target, model) is None:
+    if any(r.stop is not None for r in plan.requests) and detokenizer(target, model) is None:
         raise UsageError(f"reproducer {str(settings.replay)!r} sends stop strings, and --target {target!r} has no "
                          "tokenizer to judge their text: give the target directory it was written with")  # fmt: skip
     repro = None if settings.out is None else settings.out / "repro.json"

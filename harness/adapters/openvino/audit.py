@@ -36,7 +36,7 @@ from specaudit.adapters.engine_blackbox import (
 from specaudit.adapters.openvino.engine import EngineOptions, OpenVinoEngine, build_pipeline
 from specaudit.adapters.openvino.precision import CPU_DEFAULTS, at_precision, low_precision, rejudged
 from specaudit.adapters.openvino.sampling import OV_SAMPLING, sampling_rows
-from specaudit.adapters.openvino.steps import bad_token, drive
+from specaudit.adapters.openvino.steps import drive, out_of_vocabulary
 from specaudit.adapters.openvino.workloads import Workload, exercised, unexercised, workloads
 from specaudit.artifacts.reproducer import Reproducer
 from specaudit.checks.stops import (
@@ -170,10 +170,9 @@ def judged(
             limit, note = min(len(got), limit), f"cancelled holding {held} tokens, judged up to what it emitted"
         request = Request(i, prompt, limit, float(workload.arrivals[i]))
         requests.append(request)
-        bad = next((j for j, t in enumerate(got) if not 0 <= t < vocab), None)
-        if bad is not None:  # judged up to it: the oracle cannot take an id outside the vocabulary
-            found = f"token id {got[bad]} at index {bad} of {got[: bad + 2]}, outside the vocabulary [0, {vocab})"
-            answers[i] = Answer(tuple(got[:bad]), bad_token(found, vocab, i), added.get(i), None, note)
+        outside = out_of_vocabulary(got, vocab, i)
+        if outside is not None:  # judged up to it: the oracle cannot take an id outside the vocabulary
+            answers[i] = Answer(tuple(got[: outside[0]]), outside[1], added.get(i), None, note)
         elif late is not None:
             answers[i] = Answer(tuple(got), late, added.get(i), done.get(i), note)
         elif i not in done:

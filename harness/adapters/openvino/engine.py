@@ -143,10 +143,11 @@ class OpenVinoEngine:
         self.k_of[request_id] = k or self.options.k
         ids = ov.Tensor(np.asarray([list(prompt_ids)], dtype=np.int64))
         config = self.generation_config(max_new_tokens, self.k_of[request_id], stop, include)
-        if self.sampling is not None:
-            config.do_sample, config.rng_seed = True, self.seeds[request_id]
-            config.temperature, config.top_k, config.top_p = self.sampling.temperature, self.sampling.top_k or 0, (
-                1.0 if self.sampling.top_p is None else self.sampling.top_p)  # fmt: skip
+        if self.sampling is not None:  # 0 and 1.0: top-k and top-p off
+            sampling = self.sampling
+            config.do_sample, config.rng_seed, config.temperature = True, self.seeds[request_id], sampling.temperature
+            config.top_k = sampling.top_k or 0
+            config.top_p = 1.0 if sampling.top_p is None else sampling.top_p
         self.handles[request_id] = self.pipeline.add_request(request_id, ids, config)
 
     def step(self) -> dict[int, list[int]]:

@@ -22,7 +22,7 @@ import torch
 
 from specaudit.adapters.engine_blackbox import Request, check_tokens, contract_violation
 from specaudit.adapters.openvino.engine import EngineOptions, OpenVinoEngine, build_pipeline
-from specaudit.adapters.openvino.steps import bad_token, drive
+from specaudit.adapters.openvino.steps import drive, out_of_vocabulary
 from specaudit.adapters.openvino.workloads import MAX_ARRIVAL, MAX_K, Workload
 from specaudit.adapters.sampling_blackbox import Sample, SamplingVerdict, judge_samples, request_seed
 from specaudit.contracts.sampling import Sampling
@@ -82,10 +82,9 @@ def sample(
     if not done:
         why = error or contract_violation("responds", f"unfinished after {steps} steps with {len(got)} tokens", i)
         return Sample(request, prompt_index, seed, None, replace(why, request=i))
-    bad = next((j for j, t in enumerate(got) if not 0 <= t < vocab), None)
-    if bad is not None:
-        found = f"token id {got[bad]} at index {bad} of {got[: bad + 2]}, outside the vocabulary [0, {vocab})"
-        return Sample(request, prompt_index, seed, None, bad_token(found, vocab, i))
+    outside = out_of_vocabulary(got, vocab, i)
+    if outside is not None:
+        return Sample(request, prompt_index, seed, None, outside[1])
     return Sample(request, prompt_index, seed, tuple(got), check_tokens(request, got, None))
 
 

@@ -51,7 +51,12 @@ def drive(engine: OpenVinoEngine, workload: Workload, stops: dict[int, Any]) -> 
     return tokens, added, done, cancelled, None, step + 1
 
 
-def bad_token(found: str, vocab: int, request: int) -> Violation:
-    return Violation(
-        "contract", "token-ids", found, f"token ids in the target's vocabulary [0, {vocab})", request=request
-    )
+def out_of_vocabulary(got: list[int], vocab: int, request: int) -> tuple[int, Violation] | None:
+    """The first emitted id outside [0, vocab) (the engine's -1 among them) and its `token-ids`
+    violation; None when every id is in the vocabulary."""
+    bad = next((j for j, t in enumerate(got) if not 0 <= t < vocab), None)
+    if bad is None:
+        return None
+    found = f"token id {got[bad]} at index {bad} of {got[: bad + 2]}, outside the vocabulary [0, {vocab})"
+    expected = f"token ids in the target's vocabulary [0, {vocab})"
+    return bad, Violation("contract", "token-ids", found, expected, request=request)
