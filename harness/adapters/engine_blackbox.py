@@ -86,6 +86,8 @@ class Request:
     arrival: float
     stop: str | None = None  # a stop string (vLLM's `stop`), drawn from the oracle's text (`with_stops`)
     include_stop: bool = False  # vLLM's `include_stop_str_in_output`
+    k: int | None = None  # this request's draft count (step-wise engines that take one); the engine's own when None
+    cancel: int | None = None  # steps after its add at which it is cancelled (step-wise engines); never when None
 
 
 def per_request(max_new_tokens: int | Sequence[int], n: int) -> list[int]:

@@ -38,7 +38,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -308,45 +308,86 @@ def call_batches(
     return answers
 
 
-def drive_steps(
-    engine: Any, requests: Sequence[Request], eos_token_id: int | None, timeout_s: float, max_steps: int | None
-) -> tuple[dict[int, Answer], Violation | None]:
-    """Add each request at its arrival step and step the engine until all are done (EngineBook holds the contract)."""
+@dataclass
+class StepRun:
+    """What driving a step-wise engine left: each request's tokens (every request, [] if never added),
+    the step it was added at, the step it ended at (finished or aborted), the tokens it held when
+    cancelled, the contract breach that ended the run, and the steps taken."""
+
+    tokens: dict[int, list[int]]
+    added: dict[int, int] = field(default_factory=dict)
+    done: dict[int, int] = field(default_factory=dict)
+    cancelled: dict[int, int] = field(default_factory=dict)
+    error: Violation | None = None
+    steps: int = 0
+
+
+def request_extras(request: Request) -> dict[str, Any]:
+    """The keywords a request carries beyond the contract's three (`EngineBook.add`): only those set."""
+    extras: dict[str, Any] = {} if request.k is None else {"k": request.k}
+    if request.stop is not None:
+        extras |= {"stop": request.stop, "include": request.include_stop}
+    return extras
+
+
+def run_steps(
+    engine: Any, requests: Sequence[Request], eos_token_id: int | None, timeout_s: float, max_steps: int | None = None
+) -> tuple[StepRun, EngineBook]:
+    """The one step loop of every step-wise engine (`blackbox --engine`, OpenVINO): add each request at
+    its arrival step, cancel it `cancel` steps after its add, step until every request has ended,
+    the engine's every call held to the contract (`EngineBook`); a breach ends the run as its error."""
     book = EngineBook(engine, eos_token_id, timeout_s)
     arrive: dict[int, list[Request]] = {}
     for r in requests:
         arrive.setdefault(int(r.arrival), []).append(r)
     last = max(arrive)
-    budget = max_steps or last + sum(r.max_new_tokens for r in requests) + 8
-    added: dict[int, int] = {}
-    done: dict[int, int] = {}
-    error: Violation | None = None
+    cancels = max((r.cancel or 0 for r in requests), default=0)
+    budget = max_steps or last + sum(r.max_new_tokens for r in requests) + cancels + 8
+    run = StepRun({r.id: [] for r in requests})
     try:
         for step in range(budget):
+            run.steps = step + 1
             for r in arrive.get(step, []):
-                book.add(r.id, r.prompt, r.max_new_tokens)
-                added[r.id] = step
+                book.add(r.id, r.prompt, r.max_new_tokens, **request_extras(r))
+                run.added[r.id] = step
+            for r in requests:
+                due = r.cancel is not None and r.id in run.added and run.added[r.id] + r.cancel == step
+                if due and r.id not in run.done:
+                    book.abort(r.id)
+                    run.cancelled[r.id] = len(book.requests[r.id].tokens)
             book.step()
             book.check_unfinished()
-            for rid in added:
-                if rid not in done and book.requests[rid].finished(eos_token_id):
-                    done[rid] = step
-            if step >= last and len(done) == len(requests):
+            run.done |= {rid: step for rid in run.added if rid not in run.done and book.ended(rid)}
+            if step >= last and len(run.done) == len(requests):
                 break
-    except ContractError as exc:
+    except ContractError as exc:  # a breach about one request names it
         error = exc.violation()
-    late = unfinished_requests(requests, book, set(done), budget)
+        run.error = replace(error, request=error.evidence.get("request"))
+    for rid, state in book.requests.items():
+        run.tokens[rid] = list(state.tokens)
+    return run, book
+
+
+def drive_steps(
+    engine: Any, requests: Sequence[Request], eos_token_id: int | None, timeout_s: float, max_steps: int | None
+) -> tuple[dict[int, Answer], Violation | None]:
+    """Each request's answer from `run_steps`; one that never ended carries the breach, or `request-finishes`."""
+    run, book = run_steps(engine, requests, eos_token_id, timeout_s, max_steps)
+    late = unfinished_requests(requests, book, set(run.done), run.steps)
     answers = {}
     for r in requests:
-        state = book.requests.get(r.id)
-        tokens = tuple(state.tokens) if state is not None else None
-        if r.id in done:
-            answers[r.id] = Answer(tokens, None, added[r.id], done[r.id])
+        tokens = tuple(run.tokens[r.id]) if r.id in book.requests else None
+        if r.id in run.done:
+            answers[r.id] = Answer(tokens, None, run.added[r.id], run.done[r.id])
         else:
-            why = error or late[r.id]
-            found = f"{len(tokens or ())} of {r.max_new_tokens} tokens when the run ended ({why.rule}: {why.found})"
-            answers[r.id] = Answer(tokens, replace(why, found=found, request=r.id), added.get(r.id), None)
-    return answers, error
+            why = cut_short(run.error or late[r.id], r.id, len(tokens or ()), r.max_new_tokens)
+            answers[r.id] = Answer(tokens, why, run.added.get(r.id), None)
+    return answers, run.error
+
+
+def cut_short(why: Violation, request: int, held: int, limit: int) -> Violation:
+    """`why` as the violation of a request the run ended before it finished, holding `held` tokens."""
+    return replace(why, found=f"{held} of {limit} tokens when the run ended ({why.rule}: {why.found})", request=request)
 
 
 def unfinished_requests(
@@ -418,8 +459,10 @@ __all__ = [
     "CompletionsClient",
     "audit_callable",
     "audit_server",
+    "cut_short",
     "is_stepwise",
     "read_completion",
+    "run_steps",
     "send_staggered",
     "staggered_batches",
 ]

@@ -7,11 +7,14 @@ An engine is named `module:attr`; `attr` is a class or callable taking
     step() -> dict[int, list[int]]     # new tokens of each request that advanced, EOS included
     has_unfinished() -> bool           # waiting requests count too
     abort(request_id: int) -> None     # optional; unknown or finished ids do nothing
+    finished(request_id: int) -> bool  # optional; true once the engine ended the request itself (a stop string)
 
 and optionally declares `max_batch_size` (rows it runs at once) and `max_wait_steps` (the most
 steps a request may wait, from add_request to its first token and between two emissions,
 while no more than `max_batch_size` requests are unfinished). Greedy; models are called as
-under the batch contract, so the harness's hooks see every target forward.
+under the batch contract, so the harness's hooks see every target forward. A request that carries
+a draft count or a stop string (an engine that owns its models: `adapters.openvino`) is added with
+them as keywords, `add_request(..., k=K, stop=TEXT, include=BOOL)`, and only then.
 
 `EngineBook` drives one engine object and holds it to the contract's fixed points: each
 breach is a ContractError naming the rule, what was found and what the rule wants.
@@ -130,9 +133,10 @@ class RequestState:
     max_new_tokens: int
     tokens: list[int] = field(default_factory=list)
     aborted: bool = False
+    stopped: bool = False  # the engine's `finished()` said it ended the request (a stop string)
 
     def finished(self, eos: int | None) -> bool:
-        return reached_end(self.tokens, self.max_new_tokens, eos)
+        return self.stopped or reached_end(self.tokens, self.max_new_tokens, eos)
 
     def live(self, eos: int | None) -> bool:
         return not self.aborted and not self.finished(eos)
@@ -151,9 +155,10 @@ class EngineBook:
     def live_ids(self) -> list[int]:
         return [r for r, s in self.requests.items() if s.live(self.eos)]
 
-    def add(self, request_id: int, prompt: tuple[int, ...], max_new_tokens: int) -> None:
+    def add(self, request_id: int, prompt: tuple[int, ...], max_new_tokens: int, **extras: Any) -> None:
+        """`extras`: the request's own keywords (`k`, `stop`, `include`), passed only when given."""
         self.requests[request_id] = RequestState(prompt, max_new_tokens)
-        result = self._call("add-request-returns", "add_request", request_id, list(prompt), max_new_tokens)
+        result = self._call("add-request-returns", "add_request", request_id, list(prompt), max_new_tokens, **extras)
         if result is not None:
             raise engine_error("add-request-returns", f"add_request() returning a {type(result).__name__}")
 
@@ -174,7 +179,22 @@ class EngineBook:
         emitted = self.validate(out)
         for request_id, tokens in emitted.items():
             self.requests[request_id].tokens += tokens
+        self.note_stopped()
         return emitted
+
+    def note_stopped(self) -> None:
+        """Live requests the engine says it ended (its optional `finished()`): a stop string ends a
+        request the book cannot tell ended, and after it the request must stay silent."""
+        if not callable(getattr(self.engine, "finished", None)):
+            return
+        for request_id in self.live_ids():
+            if self._call("step-returns", "finished", request_id):
+                self.requests[request_id].stopped = True
+
+    def ended(self, request_id: int) -> bool:
+        """Finished (EOS, limit, or the engine's own end) or aborted: nothing more is due."""
+        state = self.requests[request_id]
+        return state.aborted or state.finished(self.eos)
 
     def check_unfinished(self) -> None:
         """'has-unfinished': the engine's answer against the harness's own count."""
@@ -188,16 +208,17 @@ class EngineBook:
                 {"found": bool(found), "unfinished": live[:8]},
             )
 
-    def _call(self, rule: str, method: str, *args: Any) -> Any:
+    def _call(self, rule: str, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
             with time_limit(self.timeout_s):
-                return getattr(self.engine, method)(*args)
+                return getattr(self.engine, method)(*args, **kwargs)
         except DecoderTimeout as exc:
             raise engine_error(
                 rule, f"{method}() not returning within {self.timeout_s:g} s (a hang)", {"timeout_s": self.timeout_s}
             ) from exc
-        except Exception as exc:
-            raise engine_error(rule, f"{method}() raising {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # one line, at most 400 characters: an engine's message can span a page
+            said = " ".join(str(exc).split())
+            raise engine_error(rule, f"{method}() raising {type(exc).__name__}: {said}"[:400]) from exc
 
     def validate(self, out: Any) -> dict[int, list[int]]:
         """step()'s result against the fixed points: types, known live ids, limits, EOS."""

@@ -6,7 +6,7 @@ not exist there. What does: per forward the packed tokens and positions, each re
 span and context length, the cache slot each token is written to and each request's block
 table; per step what each request has committed. Each engine's observer
 (`adapters.vllm.observer`, `adapters.transformers_cb`) records exactly that as `PagedCall`s and
-one `PagedTrace`; neither imports the other, and the checks import neither. A driver that also
+one `PagedTrace` on one `PagedRecorder`; neither imports the other, and the checks import neither. A driver that also
 records each request's outputs hands the checks a `PagedRun`.
 
 Both engines preempt alike: a preempted request gives its blocks back and is recomputed from
@@ -113,6 +113,38 @@ class PagedTrace:
     def preemptions(self) -> int:
         """How many times requests were preempted and resumed (every incarnation after a first)."""
         return sum(1 for t in self.prompts if self.resumed(t))
+
+
+class PagedRecorder:
+    """What every paged engine's observer records by the caller's request ids, and the trace it
+    hands the checks: vLLM's and transformers-cb's observers each add only their engine's hooks."""
+
+    def __init__(self, num_speculative_tokens: int, kv_layers: tuple[int, ...]) -> None:
+        self.k, self.kv_layers = num_speculative_tokens, kv_layers
+        self.calls: list[PagedCall] = []
+        self.prompts: dict[str, tuple[int, ...]] = {}
+        self.arrivals: dict[str, int] = {}
+        self.left: dict[str, int] = {}
+        self.aborted: set[str] = set()
+        self.commits: list[dict[str, tuple[int, ...]]] = []
+        self.preempted: dict[str, list[int]] = {}  # request -> the steps whose scheduling preempted it
+
+    def trace(self) -> PagedTrace:
+        """The run as the paged checks read it: preempted requests split into incarnations."""
+        return incarnations(self.raw_trace(), self.preempted)
+
+    def raw_trace(self) -> PagedTrace:
+        """The run by the caller's request ids, preemptions not followed."""
+        return PagedTrace(
+            tuple(self.calls),
+            dict(self.prompts),
+            dict(self.arrivals),
+            dict(self.left),
+            frozenset(self.aborted),
+            tuple(self.commits),
+            self.k,
+            self.kv_layers,
+        )
 
 
 Bases = dict[str, list[tuple[str, int, int]]]  # request -> (incarnation, first step, outputs before it)

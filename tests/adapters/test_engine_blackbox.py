@@ -21,12 +21,13 @@ import torch
 from hypothesis import given, settings
 
 from specaudit.adapters import DecoderEngine
-from specaudit.adapters.engine_blackbox import EVIDENCE, arrival_offsets, make_requests, seeded_arrivals
+from specaudit.adapters.engine_blackbox import EVIDENCE, Request, arrival_offsets, make_requests, seeded_arrivals
 from specaudit.adapters.transports import (
     CompletionsClient,
     audit_callable,
     audit_server,
     read_completion,
+    run_steps,
     staggered_batches,
 )
 from specaudit.fixtures.pairs import draft_model, target_model
@@ -330,6 +331,64 @@ def test_unfinished_request_is_the_ledgers_request_finishes(pair) -> None:
     assert error.evidence == {"tokens": 0, "max_new_tokens": 3, "steps": 6}, error.evidence
     assert "0 of 3 tokens when the run ended (request-finishes" in error.found, error.found
     assert result.verdict.startswith("unfinished (requests [1])"), result.verdict
+
+
+class _Counting:
+    """Step-wise engine emitting one counted token per live request per step; a request with a stop
+    string ends itself after two tokens (`finished`); `leaky`: it goes on emitting after an abort or its
+    own end (the breaches the step loop must name)."""
+
+    def __init__(self, leaky: str = "") -> None:
+        self.live: dict[int, int] = {}
+        self.stop_after: dict[int, int] = {}
+        self.got: dict[int, dict[str, Any]] = {}
+        self.leaky = leaky
+
+    def add_request(self, request_id: int, prompt_ids: list[int], max_new_tokens: int, **extras: Any) -> None:
+        self.live[request_id], self.got[request_id] = max_new_tokens, extras
+        if "stop" in extras:
+            self.stop_after[request_id] = 2
+
+    def step(self) -> dict[int, list[int]]:
+        out = {rid: [10 + rid] for rid, left in self.live.items() if left > 0}
+        for rid in out:
+            self.live[rid] -= 1
+            if self.stop_after.get(rid) is not None:
+                self.stop_after[rid] -= 1
+                if self.stop_after[rid] == 0 and self.leaky != "stop":
+                    self.live[rid] = 0
+        return out
+
+    def has_unfinished(self) -> bool:
+        return any(left > 0 for left in self.live.values())
+
+    def abort(self, request_id: int) -> None:
+        if self.leaky != "abort":
+            self.live[request_id] = 0
+
+    def finished(self, request_id: int) -> bool:
+        return self.live.get(request_id, 1) == 0 or self.stop_after.get(request_id) == 0
+
+
+def test_step_loop_sends_extras_cancels_and_hears_the_engines_end() -> None:
+    """The one step loop (`run_steps`, OpenVINO's driver too): a request's K and stop string reach
+    add_request as keywords, a cancel lands its steps after the add, an engine's own end (a stop string)
+    finishes a request; emitting after an abort or after that end is the contract breach that ends the run."""
+    requests = [
+        Request(0, (1,), 5, 0),
+        Request(1, (2,), 5, 1, stop="w", include_stop=True, k=3),
+        Request(2, (3,), 5, 0, cancel=1),
+    ]
+    engine = _Counting()
+    run, _ = run_steps(engine, requests, None, 10.0)
+    assert run.error is None, run.error
+    assert engine.got == {0: {}, 1: {"k": 3, "stop": "w", "include": True}, 2: {}}
+    assert run.tokens == {0: [10] * 5, 1: [11, 11], 2: [12]} and run.cancelled == {2: 1}
+    assert run.added == {0: 0, 1: 1, 2: 0} and run.done == {0: 4, 1: 2, 2: 1}
+    after_abort, _ = run_steps(_Counting("abort"), requests, None, 10.0)
+    assert after_abort.error is not None and after_abort.error.rule == "aborted-silent", after_abort.error
+    after_stop, _ = run_steps(_Counting("stop"), requests, None, 10.0)
+    assert after_stop.error is not None and after_stop.error.rule == "finished-silent", after_stop.error
 
 
 def test_verdict_table_rows(pair) -> None:

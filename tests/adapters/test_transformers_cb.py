@@ -314,7 +314,7 @@ def test_a_preempted_request_is_named_and_split_as_vllm_does() -> None:
     departures and commits as vLLM's path gives for the same raw evidence."""
     RequestState = pytest.importorskip("transformers.generation.continuous_batching.requests").RequestState
     from specaudit.adapters.transformers_cb.observer import CbObserver
-    from specaudit.adapters.vllm.observer import incarnations
+    from specaudit.running.paged import incarnations
 
     observer = CbObserver(_Target(), read_kv=False)
     a, b = RequestState("a", [1, 2], max_new_tokens=8), RequestState("b", [3], max_new_tokens=8)

@@ -38,6 +38,7 @@ from specaudit.adapters.openvino.precision import CPU_DEFAULTS, at_precision, lo
 from specaudit.adapters.openvino.sampling import OV_SAMPLING, sampling_rows
 from specaudit.adapters.openvino.steps import drive, out_of_vocabulary
 from specaudit.adapters.openvino.workloads import Workload, exercised, unexercised, workloads
+from specaudit.adapters.transports import cut_short
 from specaudit.artifacts.reproducer import Reproducer
 from specaudit.checks.stops import (
     check_stop_output,
@@ -47,9 +48,7 @@ from specaudit.checks.stops import (
     expected_with_stop,
     stop_from,
 )
-from specaudit.contracts.engine import ENGINE_RULES
 from specaudit.contracts.errors import UsageError
-from specaudit.contracts.violation import Violation
 from specaudit.reference.oracle import greedy_oracle
 
 CHUNK = 8
@@ -145,54 +144,49 @@ def judged(
 ) -> tuple[EngineAuditResult, list[int], int]:  # fmt: skip
     """The workload's outputs judged: a cancelled request against its oracle up to what it emitted
     (a request cancelled before its first token is not compared, nor is a cancelled request's stop
-    string); anything emitted after the cancel breaks `aborted-silent`. A finished request with a stop
+    string); anything emitted after the cancel is the breach `aborted-silent` that ends the run (the
+    step loop holds every call to the engine contract). A finished request with a stop
     string whose ids follow its oracle is judged by `checks.stops` (ids, text, finish reason), then
     compared up to where it stopped; one whose ids leave the oracle is left to the equivalence check
     (ties followed), its stop string unjudged. Then each request's usage count (`usage_checked`)."""
     stops = stops or {}
     start = time.perf_counter()
-    tokens, added, done, cancelled, error, steps = drive(engine, workload, stops)
+    run = drive(engine, workload, stops)
     seconds = time.perf_counter() - start
     requests, answers = [], {}
     vocab = int(target.config.vocab_size)
     for i, prompt in enumerate(workload.prompts):
-        got = tokens[i]
+        got = run.tokens[i]
         limit = workload.limits[i]
         note = ""
-        late = None
-        if i in cancelled:
-            held = cancelled[i]
-            if len(got) > held:
-                found = f"{len(got) - held} token(s) {got[held:]} emitted after the cancel (it held {held})"
-                late = Violation("contract", "aborted-silent", found, ENGINE_RULES["aborted-silent"], request=i)
+        if i in run.cancelled:
             if not got:
                 continue
+            held = run.cancelled[i]
             limit, note = min(len(got), limit), f"cancelled holding {held} tokens, judged up to what it emitted"
         request = Request(i, prompt, limit, float(workload.arrivals[i]))
         requests.append(request)
+        added, done = run.added.get(i), run.done.get(i)
         outside = out_of_vocabulary(got, vocab, i)
         if outside is not None:  # judged up to it: the oracle cannot take an id outside the vocabulary
-            answers[i] = Answer(tuple(got[: outside[0]]), outside[1], added.get(i), None, note)
-        elif late is not None:
-            answers[i] = Answer(tuple(got), late, added.get(i), done.get(i), note)
-        elif i not in done:
-            why = error or contract_violation("responds", f"unfinished after {steps} steps with {len(got)} of "
-                                              f"{workload.limits[i]} tokens", i)  # fmt: skip
-            answers[i] = Answer(tuple(got), replace(why, request=i), added.get(i), None, note)
+            answers[i] = Answer(tuple(got[: outside[0]]), outside[1], added, None, note)
+        elif done is None:
+            why = run.error or contract_violation("responds", f"unfinished after {run.steps} steps", i)
+            answers[i] = Answer(tuple(got), cut_short(why, i, len(got), workload.limits[i]), added, None, note)
         elif i in stops and got == list(stops[i].oracle[: len(got)]):
             stop = stops[i]
             broken = check_stop_output(engine.decode, stop.oracle, got, engine.text(i), stop.text, stop.include, i,
                                        engine.finish.get(i))  # fmt: skip
             if stop.completes is not None and broken is None:  # stopped where it should: compare what it kept
                 requests[-1] = request = replace(request, max_new_tokens=len(got))
-            answers[i] = Answer(tuple(got), broken or check_tokens(request, got, eos), added[i], done[i], note)
+            answers[i] = Answer(tuple(got), broken or check_tokens(request, got, eos), added, done, note)
         else:
-            answers[i] = Answer(tuple(got), check_tokens(request, got, eos), added[i], done[i], note)
+            answers[i] = Answer(tuple(got), check_tokens(request, got, eos), added, done, note)
     if not requests:  # every request cancelled before its first token: judge nothing, but say so
         requests.append(Request(0, workload.prompts[0], 1, 0.0))
         answers[0] = Answer((), contract_violation("responds", "no request emitted a token", 0), None, None)
-    result = judge_answers(label, "steps", target, requests, answers, eos, DTYPE, seconds, error)
-    return usage_checked(result, engine, stops, set(cancelled)), sorted(cancelled), steps
+    result = judge_answers(label, "steps", target, requests, answers, eos, DTYPE, seconds, run.error)
+    return usage_checked(result, engine, stops, set(run.cancelled)), sorted(run.cancelled), run.steps
 
 
 def usage_checked(
@@ -361,7 +355,8 @@ def search(
 
     checked = settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate, Phase.shrink],
                        suppress_health_check=list(HealthCheck), print_blob=False)  # fmt: skip
-    test = hypothesis_seed(seed)(checked(given(workloads(vocab, stops=stops))(probe)))
+    drawn = workloads(vocab, stops=stops, budget=options.max_num_batched_tokens)
+    test = hypothesis_seed(seed)(checked(given(drawn)(probe)))
     try:
         test()
     except _Failed:

@@ -14,7 +14,6 @@ Level of evidence: the output level, as the greedy audit (the engine owns its mo
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from specaudit.adapters.openvino.engine import EngineOptions, OpenVinoEngine, bu
 from specaudit.adapters.openvino.steps import drive, out_of_vocabulary
 from specaudit.adapters.openvino.workloads import MAX_ARRIVAL, MAX_K, Workload
 from specaudit.adapters.sampling_blackbox import Sample, SamplingVerdict, judge_samples, request_seed
+from specaudit.adapters.transports import StepRun, cut_short
 from specaudit.contracts.sampling import Sampling
 
 OV_SAMPLING = Sampling(temperature=0.8, top_k=20, top_p=0.9)
@@ -63,25 +63,22 @@ def run_sampling(
     workload, seeds = sampling_workload(seed)
     engine = OpenVinoEngine(build_pipeline(target_ir, draft_ir, options), options, None)
     engine.sampling, engine.seeds = sent or sampling, seeds
-    tokens, _, done, _, error, steps = drive(engine, workload, {})
+    run = drive(engine, workload, {})
     vocab = int(target.config.vocab_size)
-    samples = [
-        sample(i, workload, tokens[i], i in done, error, steps, seed, vocab) for i in range(len(workload.prompts))
-    ]
+    samples = [sample(i, workload, run, seed, vocab) for i in range(len(workload.prompts))]
     verdict = judge_samples(f"openvino-sampling-{method}", target, samples, sampling, seed)
     return verdict, engine
 
 
-def sample(
-    i: int, workload: Workload, got: list[int], done: bool, error: Any, steps: int, seed: int, vocab: int
-) -> Sample:  # fmt: skip
+def sample(i: int, workload: Workload, run: StepRun, seed: int, vocab: int) -> Sample:
     """Request `i`'s tokens as a sample, or the contract break (the pipeline raising, unfinished, an
     id outside the vocabulary, too few tokens) that stands for them."""
     request = Request(i, workload.prompts[i], NEW_TOKENS, float(workload.arrivals[i]))
     prompt_index = PROMPTS.index(workload.prompts[i])
-    if not done:
-        why = error or contract_violation("responds", f"unfinished after {steps} steps with {len(got)} tokens", i)
-        return Sample(request, prompt_index, seed, None, replace(why, request=i))
+    got = run.tokens[i]
+    if i not in run.done:
+        why = run.error or contract_violation("responds", f"unfinished after {run.steps} steps", i)
+        return Sample(request, prompt_index, seed, None, cut_short(why, i, len(got), NEW_TOKENS))
     outside = out_of_vocabulary(got, vocab, i)
     if outside is not None:
         return Sample(request, prompt_index, seed, None, outside[1])

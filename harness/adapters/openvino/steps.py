@@ -1,54 +1,37 @@
-"""Driving the step API through a workload: requests added at their arrival steps, cancelled at
-their cancel steps, stepped until none is unfinished; what each request emitted is the evidence
-both the greedy audit (`audit`) and the sampling one (`sampling`) judge."""
+"""A workload through the step API: requests added at their arrival steps, cancelled at their cancel
+steps, stepped until none is unfinished; what each request emitted is the evidence both the greedy
+audit (`audit`) and the sampling one (`sampling`) judge."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from specaudit.adapters.engine_blackbox import contract_violation
+from specaudit.adapters.engine_blackbox import Request
 from specaudit.adapters.openvino.engine import OpenVinoEngine
 from specaudit.adapters.openvino.workloads import Workload
+from specaudit.adapters.transports import StepRun, run_steps
 from specaudit.contracts.violation import Violation
 
-Drive = tuple[dict[int, list[int]], dict[int, int], dict[int, int], dict[int, int], Violation | None, int]
+STEP_SECONDS = 300.0
+"""The most one pipeline call may take before it counts as a hang (a compile on first use included)."""
 
 
-def drive(engine: OpenVinoEngine, workload: Workload, stops: dict[int, Any]) -> Drive:
-    """Add each request at its arrival step, cancel at its cancel step, step until nothing is unfinished.
-    Returns tokens, added step, finished step, tokens held when cancelled (per request), the engine's
-    error and the steps."""
-    tokens: dict[int, list[int]] = {i: [] for i in range(len(workload.prompts))}
-    added: dict[int, int] = {}
-    done: dict[int, int] = {}
-    cancelled: dict[int, int] = {}
-    last = max(workload.arrivals)
-    budget = last + 8 + sum(workload.limits) + max((c or 0 for c in workload.cancels), default=0)
-    step = 0
-    try:
-        for step in range(budget):
-            for i, arrival in enumerate(workload.arrivals):
-                if arrival == step:
-                    stop = stops.get(i)
-                    text, include = (None, False) if stop is None else (stop.text, stop.include)
-                    engine.add_request(i, workload.prompts[i], workload.limits[i], workload.ks[i], text, include)
-                    added[i] = step
-                cancel = workload.cancels[i]
-                if cancel is not None and i in added and added[i] + cancel == step and i not in done:
-                    engine.abort(i)
-                    cancelled[i] = len(tokens[i])
-            for rid, new in engine.step().items():
-                tokens[rid].extend(new)
-            for i in added:
-                if i not in done and engine.finished(i):
-                    done[i] = step
-            if step >= last and len(done) == len(workload.prompts) and not engine.has_unfinished():
-                break
-    except Exception as exc:  # the engine's failure is evidence
-        said = " ".join(str(exc).split())
-        error = contract_violation("step-returns", f"the pipeline raising {type(exc).__name__}: {said}"[:400], None)
-        return tokens, added, done, cancelled, error, step + 1
-    return tokens, added, done, cancelled, None, step + 1
+def requests_of(workload: Workload, stops: dict[int, Any]) -> list[Request]:
+    """The workload as the step loop's requests: each with its K, cancel step and stop string."""
+    return [
+        Request(i, prompt, limit, float(arrival), stop.text if stop else None, bool(stop and stop.include), k, cancel)
+        for i, (prompt, limit, k, arrival, cancel) in enumerate(
+            zip(workload.prompts, workload.limits, workload.ks, workload.arrivals, workload.cancels)
+        )
+        for stop in [stops.get(i)]
+    ]
+
+
+def drive(engine: OpenVinoEngine, workload: Workload, stops: dict[int, Any]) -> StepRun:
+    """The workload through the step loop every step-wise engine shares (`transports.run_steps`), the
+    pipeline's every call held to the engine contract."""
+    run, _ = run_steps(engine, requests_of(workload, stops), engine.eos, STEP_SECONDS)
+    return run
 
 
 def out_of_vocabulary(got: list[int], vocab: int, request: int) -> tuple[int, Violation] | None:

@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 FIRST_TOKEN = 4
 """Prompts avoid the tiny tokenizer's specials (pad, bos, eos, unk)."""
 MAX_PROMPT = 40
+MAX_LONG = 48
+"""The longest prompt drawn to pass a configuration's token budget (`prompt_after`'s "long"): one per
+workload at most, so a step's tokens stay within `defects.WHOLE_BUDGET`."""
 MAX_LIMIT = 24
 MAX_ARRIVAL = 6
 MAX_K = 7
@@ -64,13 +67,21 @@ def tokens(vocab: int, low: int, high: int) -> st.SearchStrategy[list[int]]:
 
 
 @st.composite
-def prompt_after(draw: st.DrawFn, earlier: list[tuple[int, ...]], vocab: int) -> tuple[int, ...]:
-    """A random prompt, a repeated motif (prompt lookup finds its continuation in it) or another
-    prompt's prefix with a new tail (a prefix-cache hit once the prefix fills a block)."""
-    kinds = ["random", "motif"] + (["shared"] if earlier else [])
+def prompt_after(
+    draw: st.DrawFn, earlier: list[tuple[int, ...]], vocab: int, budget: int | None = None
+) -> tuple[int, ...]:  # fmt: skip
+    """A random prompt, a repeated motif (prompt lookup finds its continuation in it), another
+    prompt's prefix with a new tail (a prefix-cache hit once the prefix fills a block), or, given the
+    configuration's token `budget` below `MAX_LONG`, a prompt just past it (its prefill is chunked:
+    random lengths up to `MAX_PROMPT` seldom pass a budget of 32)."""
+    long = budget is not None and budget < MAX_LONG and all(len(p) <= budget for p in earlier)
+    kinds = ["random", "motif"] + (["shared"] if earlier else []) + (["long"] if long else [])
     kind = draw(st.sampled_from(kinds))
     if kind == "random":
         return tuple(draw(tokens(vocab, 1, MAX_PROMPT)))
+    if kind == "long":
+        assert budget is not None
+        return tuple(draw(tokens(vocab, budget + 1, min(budget + 8, MAX_LONG))))
     if kind == "motif":
         motif = draw(tokens(vocab, 1, 4))
         head = draw(tokens(vocab, 0, 4))
@@ -81,12 +92,15 @@ def prompt_after(draw: st.DrawFn, earlier: list[tuple[int, ...]], vocab: int) ->
 
 
 @st.composite
-def workloads(draw: st.DrawFn, vocab: int, max_requests: int = 6, stops: bool = True) -> Workload:
-    """A drawn workload; `stops`: some requests carry a stop string (all but `audit-openvino --no-stop-strings`)."""
+def workloads(
+    draw: st.DrawFn, vocab: int, max_requests: int = 6, stops: bool = True, budget: int | None = None
+) -> Workload:  # fmt: skip
+    """A drawn workload; `stops`: some requests carry a stop string (all but `audit-openvino
+    --no-stop-strings`); `budget`: the configuration's token budget, which one prompt may pass."""
     n = draw(st.integers(1, max_requests))
     prompts: list[tuple[int, ...]] = []
     for _ in range(n):
-        prompts.append(draw(prompt_after(prompts, vocab)))
+        prompts.append(draw(prompt_after(prompts, vocab, budget)))
     limits = [draw(st.integers(1, MAX_LIMIT)) for _ in range(n)]
     specs: list[StopSpec | None] = []
     for i in range(n):
@@ -130,7 +144,7 @@ def exercised(workload: Workload, budget: int) -> dict[str, int]:
 def unexercised(counts: dict[str, int], budget: int, prefix_caching: bool, speculative: bool) -> list[str]:
     """The features a configuration enables that its draws never reached (`exercised`, summed)."""
     enabled = ["cancel", "stop string"]
-    enabled += ["chunked prefill"] if budget < MAX_PROMPT else []
+    enabled += ["chunked prefill"] if budget < MAX_LONG else []
     enabled += ["shared prefix"] if prefix_caching else []
     enabled += ["mixed K"] if speculative else []
     return [name for name in enabled if counts.get(name, 0) == 0]

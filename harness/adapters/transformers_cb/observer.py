@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from specaudit.adapters.transformers_cb.layout import Layout, packed
-from specaudit.running.paged import PagedCall, PagedTrace, incarnations
+from specaudit.running.paged import PagedCall, PagedRecorder, PagedTrace
 
 
 @dataclass
@@ -42,7 +42,7 @@ class _Shadow:
     written: dict[int, torch.Tensor] = field(default_factory=dict)  # block -> [stride, kv_heads, head_dim]
 
 
-class CbObserver:
+class CbObserver(PagedRecorder):
     """Hooks on the engine's target; `manager` (a `ContinuousBatchingManager`) is set by the
     driver before the first forward. `on_step(k)` runs after the forward of step k, in the
     engine's thread, before the step's update (what it adds or cancels takes effect at step k + 1)."""
@@ -52,16 +52,9 @@ class CbObserver:
         self.manager: Any = None
         self.on_step: Callable[[int], None] | None = None
         layers = model.config.num_hidden_layers
-        self.kv_layers = tuple(sorted({i % layers for i in kv_layers}))
+        super().__init__(0, tuple(sorted({i % layers for i in kv_layers})))  # transformers CB does no speculation
         self.shadow = _Shadow() if read_kv else None
-        self.calls: list[PagedCall] = []
-        self.prompts: dict[str, tuple[int, ...]] = {}
-        self.arrivals: dict[str, int] = {}
-        self.left: dict[str, int] = {}
-        self.aborted: set[str] = set()
-        self.commits: list[dict[str, tuple[int, ...]]] = []
         self.states: dict[str, Any] = {}  # request -> its current RequestState
-        self.preempted: dict[str, list[int]] = {}  # request -> the steps it was requeued for
         self.cancelled: dict[str, int] = {}  # engine request id -> the step after which the driver cancelled it
         self.error: BaseException | None = None
         self.pending: dict[str, Any] = {}  # the forward about to run, as PagedCall fields (`layout.packed`)
@@ -105,23 +98,6 @@ class CbObserver:
             if request not in self.left:
                 self._leave(request, last)
         return self.trace()
-
-    def trace(self) -> PagedTrace:
-        """The run as the paged checks read it: preempted requests split into incarnations."""
-        return incarnations(self.raw_trace(), self.preempted)
-
-    def raw_trace(self) -> PagedTrace:
-        """The run by the engine's request ids, preemptions not followed."""
-        return PagedTrace(
-            tuple(self.calls),
-            dict(self.prompts),
-            dict(self.arrivals),
-            dict(self.left),
-            frozenset(self.aborted),
-            tuple(self.commits),
-            0,
-            self.kv_layers,
-        )
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         """Each engine request's whole output so far (across its preemptions), as transformers reports it."""

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from specaudit.running.paged import RESUMED as RESUMED  # re-exported: older callers import them from here
-from specaudit.running.paged import PagedCall, PagedTrace, incarnations
+from specaudit.running.paged import PagedCall, PagedRecorder, PagedTrace
 from specaudit.running.paged import named as named
 from specaudit.running.paged import split_commits as split_commits
 
@@ -92,7 +92,7 @@ def attention_layers(model: torch.nn.Module) -> list[Any]:
     return [m for m in model.modules() if isinstance(m, Attention)]
 
 
-class VllmObserver:
+class VllmObserver(PagedRecorder):
     """Drives an in-process `vllm.LLM` step by step (`add_request`, `step`, `abort`) and records
     every target forward; `trace()` gives the run to `specaudit.checks.paged.check_paged`."""
 
@@ -104,16 +104,9 @@ class VllmObserver:
         picked = sorted({i % len(self.layers) for i in kv_layers})
         self.shadow = _Shadow(tuple(picked)) if read_kv else None
         spec = self.runner.vllm_config.speculative_config
-        self.k = int(spec.num_speculative_tokens) if spec is not None else 0
-        self.calls: list[PagedCall] = []
-        self.prompts: dict[str, tuple[int, ...]] = {}
-        self.arrivals: dict[str, int] = {}
-        self.left: dict[str, int] = {}
-        self.aborted: set[str] = set()
+        super().__init__(int(spec.num_speculative_tokens) if spec is not None else 0, tuple(picked) if read_kv else ())
         self.outputs: dict[str, tuple[int, ...]] = {}
-        self.commits: list[dict[str, tuple[int, ...]]] = []
         self.finish: dict[str, str | None] = {}  # request -> vLLM's finish reason ("stop", "length", "abort")
-        self.preempted: dict[str, list[int]] = {}  # request -> the steps whose scheduling preempted it
         self.external: dict[str, str] = {}  # vLLM's internal request id -> the caller's
         self.scheduler = in_process_core(llm).scheduler
         self.scheduler.schedule = self._schedule  # an instance attribute over vLLM's own method, removed by close
@@ -189,23 +182,6 @@ class VllmObserver:
             self.engine.abort_request(running)
             while self.engine.has_unfinished_requests():
                 self.engine.step()
-
-    def trace(self) -> PagedTrace:
-        """The run as the paged checks read it: preempted requests split into incarnations."""
-        return incarnations(self.raw_trace(), self.preempted)
-
-    def raw_trace(self) -> PagedTrace:
-        """The run by the caller's request ids, preemptions not followed."""
-        return PagedTrace(
-            tuple(self.calls),
-            dict(self.prompts),
-            dict(self.arrivals),
-            dict(self.left),
-            frozenset(self.aborted),
-            tuple(self.commits),
-            self.k,
-            self.shadow.layers if self.shadow is not None else (),
-        )
 
     # -- the hooks ---------------------------------------------------------------------
 
