@@ -120,6 +120,17 @@ def test_planted_request_order_swap_is_caught(models: Any, monkeypatch: pytest.M
     assert result.shrink_runs > 0  # Hypothesis shrank it (how far depends on the time budget)
 
 
+def test_a_workload_cancelled_before_any_token_passes(models: Any) -> None:
+    """Every request cancelled before its first token: nothing to compare and nothing wrong (it read
+    "no request emitted a token", a false alarm the draws steered past the budget reached); a token
+    after the cancel still fails (`test_planted_ignored_cancel_is_caught`)."""
+    from specaudit.adapters.openvino.audit import CONFIGURATIONS
+    from specaudit.adapters.openvino.workloads import Workload
+
+    result = run(models, CONFIGURATIONS["control"], Workload(((5, 6),), (4,), (1,), (0,), (0,), None))
+    assert result.result.passed and result.cancelled == [0] and not result.result.outcomes, result.result.table()
+
+
 def test_planted_ignored_cancel_is_caught(models: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from specaudit.adapters.openvino.audit import CONFIGURATIONS
     from specaudit.adapters.openvino.workloads import Workload

@@ -143,12 +143,13 @@ def judged(
     stops: dict[int, Stop] | None = None,
 ) -> tuple[EngineAuditResult, list[int], int]:  # fmt: skip
     """The workload's outputs judged: a cancelled request against its oracle up to what it emitted
-    (a request cancelled before its first token is not compared, nor is a cancelled request's stop
-    string); anything emitted after the cancel is the breach `aborted-silent` that ends the run (the
-    step loop holds every call to the engine contract). A finished request with a stop
-    string whose ids follow its oracle is judged by `checks.stops` (ids, text, finish reason), then
-    compared up to where it stopped; one whose ids leave the oracle is left to the equivalence check
-    (ties followed), its stop string unjudged. Then each request's usage count (`usage_checked`)."""
+    (one cancelled before its first token is not compared, so a workload whose every request was
+    passes with nothing compared; nor is a cancelled request's stop string); anything emitted after
+    the cancel is the breach `aborted-silent` that ends the run (the step loop holds every call to
+    the engine contract). A finished request with a stop string whose ids follow its oracle is judged
+    by `checks.stops` (ids, text, finish reason), then compared up to where it stopped; one whose ids
+    leave the oracle is left to the equivalence check (ties followed), its stop string unjudged. Then
+    each request's usage count (`usage_checked`)."""
     stops = stops or {}
     start = time.perf_counter()
     run = drive(engine, workload, stops)
@@ -182,9 +183,6 @@ def judged(
             answers[i] = Answer(tuple(got), broken or check_tokens(request, got, eos), added, done, note)
         else:
             answers[i] = Answer(tuple(got), check_tokens(request, got, eos), added, done, note)
-    if not requests:  # every request cancelled before its first token: judge nothing, but say so
-        requests.append(Request(0, workload.prompts[0], 1, 0.0))
-        answers[0] = Answer((), contract_violation("responds", "no request emitted a token", 0), None, None)
     result = judge_answers(label, "steps", target, requests, answers, eos, DTYPE, seconds, run.error)
     return usage_checked(result, engine, stops, set(run.cancelled)), sorted(run.cancelled), run.steps
 

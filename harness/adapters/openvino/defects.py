@@ -66,7 +66,8 @@ KNOWN_DEFECTS: dict[str, str] = {
         "below the float64 target's top, where the non-speculative pipeline at u8 is exact (its largest gap over "
         "20 bf16/u8 runs: 0.56). An f32 target cache with a u8 draft cache is exact; the target drafting for "
         "itself (every draft accepted) at u8 is exact. Counted when the failing workload passes with the KV "
-        "cache at f32 (compute unchanged). Reproducer: tests/wild/openvino/confirm_u8_draft.py"
+        "cache unquantized at the compute's precision (f32, or bf16 under bf16 compute), compute unchanged. "
+        "Reproducer: tests/wild/openvino/confirm_u8_draft.py"
     ),
     "spec-sampling": (
         "openvino-genai 2026.4.1: sampling (do_sample) with a draft model does not draw from the target's "
@@ -97,8 +98,7 @@ def fixes(options: Any, failing: Any) -> list[tuple[str, Fix]]:
     if options.method != "none" and any(c is not None for c in failing.workload.cancels):
         out.append(("spec-cancel", lambda o, w: (o, replace(w, cancels=(None,) * len(w.cancels)))))
     if options.method != "none" and dict(options.hints).get("KV_CACHE_PRECISION") == "u8":
-        f32_cache = tuple({**dict(options.hints), "KV_CACHE_PRECISION": "f32"}.items())
-        out.append(("spec-u8-cache", lambda o, w: (replace(o, hints=f32_cache), w)))
+        out.append(("spec-u8-cache", lambda o, w: (replace(o, hints=unquantized_cache(o.hints)), w)))
     if options.prefix_caching:
         out.append(("prefix-cache-partial", lambda o, w: (replace(o, prefix_caching=False), w)))
     limits = failing.workload.limits
@@ -109,6 +109,13 @@ def fixes(options: Any, failing: Any) -> list[tuple[str, Fix]]:
         name = "stop-at-limit" if all(gap == 0 for gap in near.values()) else "spec-stop-limit"
         out.append((name, lambda o, w: (o, replace(w, limits=raised))))
     return out
+
+
+def unquantized_cache(hints: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The hints with the KV cache at the compute's precision instead of u8: bf16 under bf16 compute
+    (a CPU with AMX refuses an f32 cache there: "key_cache_type == ov::element::bf16"), else f32."""
+    compute = dict(hints).get("INFERENCE_PRECISION_HINT", "f32")
+    return tuple({**dict(hints), "KV_CACHE_PRECISION": "bf16" if compute == "bf16" else "f32"}.items())
 
 
 def spec_stop_shapes(run: Any) -> set[str]:

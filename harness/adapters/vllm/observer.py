@@ -40,6 +40,7 @@ import torch
 
 from specaudit.running.paged import RESUMED as RESUMED  # re-exported: older callers import them from here
 from specaudit.running.paged import PagedCall, PagedRecorder, PagedTrace
+from specaudit.running.paged import incarnations as incarnations
 from specaudit.running.paged import named as named
 from specaudit.running.paged import split_commits as split_commits
 
