@@ -115,6 +115,31 @@ def test_low_precision_rule_tells_numerics_from_a_wrong_token() -> None:
     assert "control at the same precision departs" in broken.violations[0].found
 
 
+def test_a_run_numerics_explain_passes_with_its_checks() -> None:
+    """`precision.rejudged` clears the registry's equivalence check with the requests' violations:
+    left failing, a bf16 run the control explained read "failed" with no violation, and the search
+    took its first violation from an empty list (an IndexError, seen on an AMX CPU). A precision
+    violation still fails, in both."""
+    from specaudit.adapters.engine_blackbox import Answer, Request, judge_answers
+    from specaudit.adapters.openvino.precision import FLOOR, RULE, PrecisionVerdict, rejudged
+    from specaudit.contracts.violation import Violation
+    from specaudit.fixtures.pairs import target_model
+    from specaudit.reference.oracle import greedy_oracle
+
+    target = target_model("llama")
+    request = Request(0, (5, 6, 7), 4, 0.0)
+    oracle = list(greedy_oracle(target, request.prompt, max_new_tokens=4, eos_token_id=None).tokens)
+    off = [*oracle[:3], (oracle[3] + 1) % 64]
+    result = judge_answers("t", "steps", target, [request], {0: Answer(tuple(off), None, 0, 3)}, None, None, 0.0)
+    assert not result.passed and result.diverged == [0] and not result.evaluation.passed
+    explained = rejudged(result, PrecisionVerdict(FLOOR, {0: "equals the control"}, []))
+    assert explained.passed and explained.evaluation.passed and explained.violations == []
+    wrong = Violation("equivalence", RULE, "beyond the floor", "numerics", request=0)
+    failing = rejudged(result, PrecisionVerdict(FLOOR, {}, [wrong]))
+    assert not failing.passed and failing.violations == [wrong]
+    assert list(failing.evaluation.outcome("equivalence").violations) == [wrong]
+
+
 def test_expected_output_with_a_stop_string_cuts_the_oracle_where_its_text_shows_it() -> None:
     from specaudit.checks.stops import RULE, check_stop, expected_with_stop
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from specaudit.adapters.openvino.engine import F32_HINTS
+from specaudit.checks.registry import FAIL, PASS, CheckOutcome
 from specaudit.contracts.violation import Violation
 
 CPU_DEFAULTS = (("INFERENCE_PRECISION_HINT", "bf16"), ("KV_CACHE_PRECISION", "u8"))
@@ -131,8 +132,15 @@ def at_precision(target: torch.nn.Module, prompts: Sequence[Sequence[int]], resu
 
 def rejudged(result: Any, verdict: PrecisionVerdict) -> Any:
     """The result with each diverging request's violation replaced by the precision verdict's:
-    none where numerics explain it, the precision violation where they do not."""
+    none where numerics explain it, the precision violation where they do not; the registry's
+    equivalence check the same (it decides `passed` too: left as it was, a run numerics explain
+    failed with no violation, and the search took its first violation from an empty list)."""
     by_request = {v.request: v for v in verdict.violations}
     outcomes = tuple(replace(o, violation=by_request.get(o.request.id)) if o.violation is not None else o
                      for o in result.outcomes)  # fmt: skip
-    return replace(result, outcomes=outcomes)
+    evaluation = result.evaluation
+    if evaluation is not None:
+        equivalence = CheckOutcome("equivalence", FAIL if verdict.violations else PASS, tuple(verdict.violations))
+        checks = tuple(equivalence if c.check == "equivalence" else c for c in evaluation.outcomes)
+        evaluation = replace(evaluation, outcomes=checks)
+    return replace(result, outcomes=outcomes, evaluation=evaluation)
