@@ -49,7 +49,9 @@ from specaudit.checks.stops import (
     stop_from,
 )
 from specaudit.contracts.errors import UsageError
+from specaudit.contracts.violation import Violation
 from specaudit.reference.oracle import greedy_oracle
+from specaudit.search.drawn import drawn_search
 
 CHUNK = 8
 """A token budget per step below most drawn prompts' length, so prefills are chunked."""
@@ -243,6 +245,19 @@ class ConfigurationResult:
         known += [f"flagged: {', '.join(self.unexercised())} never drawn"] * bool(self.unexercised())
         return "PASS" + (f" ({'; '.join(known)})" if known else "")
 
+    def count(self, workload: Workload, run: Run) -> None:
+        """A drawn workload's figures (not a shrink's)."""
+        self.numerics += run.numerics
+        self.examples += 1
+        self.clean += run.result.passed
+        self.requests += len(workload.prompts)
+        self.cancelled += len(run.cancelled)
+        self.ragged.append(run.ragged_share)
+        for feature, n in exercised(workload, self.options.max_num_batched_tokens).items():
+            self.features[feature] = self.features.get(feature, 0) + n
+        if run.acceptance is not None:
+            self.acceptances.append(run.acceptance)
+
     def unexercised(self) -> list[str]:
         """Features the configuration enables that no drawn workload reached (a weak pass, said so)."""
         o = self.options
@@ -265,10 +280,6 @@ class ConfigurationResult:
                 "ragged_share": self.ragged_share(), "requests": self.requests, "cancelled": self.cancelled,
                 "known": self.known, "numerics": self.numerics, "exercised": self.features,
                 "unexercised": self.unexercised(), "failure": failure}  # fmt: skip
-
-
-class _Failed(Exception):
-    pass
 
 
 def run_one(
@@ -306,64 +317,34 @@ def search(
     may leave by numerics before reaching it, and the precision judge judges tokens only); the
     first failure not explained by a known defect is shrunk (same first check and rule, still
     unexplained) until the budget ends."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
-
     from specaudit.adapters.openvino.defects import explained
 
     out = ConfigurationResult(name, options)
     start = time.monotonic()
-    deadline = start + 60.0 * minutes
     vocab = int(target.config.vocab_size)
-    state: dict[str, Any] = {"key": None}
 
     def rerun(run_options: EngineOptions, workload: Workload) -> Run:
         return judged_run(target_ir, draft_ir, target, run_options, workload, f"openvino-{name}")
 
-    def probe(workload: Workload) -> None:
-        if time.monotonic() > deadline:
-            return  # the budget is spent: the remaining draws pass at once (raising would be a failure to shrink)
-        shrinking = state["key"] is not None
+    def judge(workload: Workload, shrinking: bool) -> tuple[list[Violation] | None, Run]:
         run = rerun(options, workload)
         out.shrink_runs += shrinking
         if not shrinking:
-            out.numerics += run.numerics
-            out.examples += 1
-            out.clean += run.result.passed
-            out.requests += len(workload.prompts)
-            out.cancelled += len(run.cancelled)
-            out.ragged.append(run.ragged_share)
-            for name, n in exercised(workload, options.max_num_batched_tokens).items():
-                out.features[name] = out.features.get(name, 0) + n
-            if run.acceptance is not None:
-                out.acceptances.append(run.acceptance)
+            out.count(workload, run)
         if run.result.passed:
-            return
+            return None, run
         defects = explained(options, run, rerun)
         for defect in [] if shrinking else defects:
             out.known[defect] = out.known.get(defect, 0) + 1
             out.known_runs.setdefault(defect, run)
-        if defects:  # a known defect (while shrinking too: a shrink must not wander into one)
-            return
-        first = run.result.violations[0]
-        key = (first.check, first.rule)
-        if shrinking and key != state["key"]:
-            return
-        state["key"] = key
-        out.failure = run
-        raise _Failed
+        # a known defect passes (while shrinking too: a shrink must not wander into one)
+        return (None if defects else run.result.violations), run
 
-    checked = settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate, Phase.shrink],
-                       suppress_health_check=list(HealthCheck), print_blob=False)  # fmt: skip
     drawn = workloads(vocab, stops=stops and not low_precision(options), budget=options.max_num_batched_tokens)
-    test = hypothesis_seed(seed)(checked(given(drawn)(probe)))
-    try:
-        test()
-    except _Failed:
-        pass
-    except Exception as exc:  # Hypothesis's own (Flaky: the budget ran out while shrinking): keep the smallest seen
-        if out.failure is None:
-            out.error = unreliable(exc)
+    found = drawn_search(drawn, judge, examples, seed, 60.0 * minutes)
+    out.failure = None if found.failure is None else found.failure.evidence
+    if found.failure is None and found.error is not None:
+        out.error = unreliable(found.error)
     out.seconds = time.monotonic() - start
     say(f"{name}: {out.verdict} ({out.examples} examples, {out.seconds:.0f} s)")
     return out

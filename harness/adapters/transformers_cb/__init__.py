@@ -28,7 +28,7 @@ through `specaudit.audits.transformers_cb`.
 from specaudit.adapters.transformers_cb.defects import KNOWN_DEFECTS, KnownDefect, known_defects
 from specaudit.adapters.transformers_cb.driver import CbRun, cb_config, generation_config, run_workload
 from specaudit.adapters.transformers_cb.exercised import coverage, preemptions
-from specaudit.adapters.transformers_cb.hypothesis_search import CbFailure, Search, search
+from specaudit.adapters.transformers_cb.hypothesis_search import Search, search
 from specaudit.adapters.transformers_cb.layout import Layout, packed
 from specaudit.adapters.transformers_cb.models import continuation, engine_model, likely_tokens, oracle_model
 from specaudit.adapters.transformers_cb.observer import CbObserver
@@ -60,7 +60,6 @@ __all__ = [
     "KNOWN_DEFECTS",
     "MUTANT_WORKLOADS",
     "SMOKE",
-    "CbFailure",
     "CbObserver",
     "CbRequest",
     "CbRun",

@@ -1,4 +1,5 @@
-"""Hypothesis over `cb_workloads`: every example run and judged; a new failure shrunk to a minimal workload.
+"""Hypothesis over `cb_workloads` (`search.drawn`): every example run and judged; a new failure
+shrunk to a minimal workload failing the same way.
 
 Seeded and without a database, so an audit's search is the same on every machine. A failure
 that a known transformers defect explains (`defects.known_defects`) is counted, not raised:
@@ -10,9 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import seed as hypothesis_seed
-
 from specaudit.adapters.transformers_cb.defects import known_defects
 from specaudit.adapters.transformers_cb.driver import run_workload
 from specaudit.adapters.transformers_cb.exercised import coverage, preemptions
@@ -20,14 +18,8 @@ from specaudit.adapters.transformers_cb.strategies import cb_workloads
 from specaudit.adapters.transformers_cb.verdict import CbVerdict, verdict_of
 from specaudit.adapters.transformers_cb.workload import ENTRY_POINTS, CbWorkload
 from specaudit.checks.coverage import Coverage
-
-
-class CbFailure(Exception):
-    """A failing verdict raised out of the property, so Hypothesis shrinks its workload."""
-
-    def __init__(self, verdict: CbVerdict) -> None:
-        super().__init__(verdict.render())
-        self.verdict = verdict
+from specaudit.contracts.violation import Violation
+from specaudit.search.drawn import drawn_search
 
 
 @dataclass
@@ -52,21 +44,18 @@ class Search:
 
 
 def search(seed: int, examples: int, entries: Sequence[str] = ENTRY_POINTS) -> Search:
-    """Hypothesis over `cb_workloads` (seeded, no database): every example judged; a failure no
-    known defect explains is shrunk to a minimal workload."""
+    """Hypothesis over `cb_workloads` (seeded, no database; `search.drawn`, the search every engine
+    adapter shares): every example judged; a failure no known defect explains is shrunk to a
+    minimal workload failing the same way (same first check and rule)."""
     found = Search()
 
-    @hypothesis_seed(seed)
-    @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
-              suppress_health_check=list(HealthCheck), print_blob=False)  # fmt: skip
-    @given(cb_workloads(entries))
-    def prop(workload: CbWorkload) -> None:
+    def judge(workload: CbWorkload, shrinking: bool) -> tuple[list[Violation] | None, CbVerdict]:
         verdict = verdict_of(run_workload(workload))
-        if not found.add(verdict) and not verdict.passed:
-            raise CbFailure(verdict)
+        failing = not found.add(verdict) and not verdict.passed
+        return (verdict.violations if failing else None), verdict
 
-    try:
-        prop()
-    except CbFailure as failure:
-        found.failing = failure.verdict
+    searched = drawn_search(cb_workloads(entries), judge, examples, seed)
+    if searched.failure is None and searched.error is not None:
+        raise searched.error
+    found.failing = None if searched.failure is None else searched.failure.evidence
     return found

@@ -30,6 +30,7 @@ from specaudit.checks.registry import PAGED, evaluate
 from specaudit.contracts.errors import UsageError
 from specaudit.contracts.violation import Violation
 from specaudit.running.paged import PagedRun, PagedTrace
+from specaudit.search.drawn import drawn_search
 
 SMALL_BLOCK = 32
 """The smallest block size vLLM's CPU attention takes (`MultipleOf(32)`; 16 is refused there)."""
@@ -473,34 +474,22 @@ class WhiteBoxResult:
                 "violations": [asdict(v) for v in self.violations], "reproducer": self.reproducer}  # fmt: skip
 
 
-class _Failed(Exception):
-    def __init__(self, workload: Workload, violations: list[Violation]) -> None:
-        super().__init__(violations[0].render() if violations else "failed")
-        self.workload, self.violations = workload, violations
-
-
-class _BudgetSpent(BaseException):
-    """Ends Hypothesis's shrinker once the minutes are spent (a BaseException: not a failure)."""
-
-
 @dataclass
 class Probe:
-    """One engine and its target under drawn workloads: runs and judges each, keeps the figures."""
+    """One engine and its target under drawn workloads: runs and judges each, keeps the figures
+    (`search.drawn.Judge`)."""
 
     llm: Any
     target: torch.nn.Module
     reference: Any
     result: WhiteBoxResult
-    deadline: float
-    failure: tuple[str, str] | None = None  # the class being shrunk: (check, rule) of the first violation
-    latest: _Failed | None = None  # the smallest failing workload so far
 
-    def judge_workload(self, workload: Workload) -> list[Violation]:
+    def judge_workload(self, workload: Workload, shrinking: bool = False) -> list[Violation]:
         observed = run_workload(self.llm, workload, self.result.options.disagree)
         record = output_record(observed, workload, self.target)
         oracle = oracle_from(self.target, workload.eos)
         run = PagedRun(observed.trace, record=record, reference=self.reference, dtype="float32", oracle_from=oracle)
-        if self.failure is None:
+        if not shrinking:
             self.result.acceptance.add(acceptance(observed.trace))
             preempted = sum(len(s) for s in observed.preempted.values())
             self.result.preemptions += preempted
@@ -508,21 +497,11 @@ class Probe:
         self.result.trace = observed.trace
         return paged_violations(run)
 
-    def __call__(self, workload: Workload) -> None:
-        if time.monotonic() > self.deadline:
-            if self.failure is not None:
-                raise _BudgetSpent
-            return  # drawing stops: the budget is spent
-        shrinking = self.failure is not None
-        found = self.judge_workload(workload)
+    def __call__(self, workload: Workload, shrinking: bool) -> tuple[list[Violation] | None, None]:
+        found = self.judge_workload(workload, shrinking)
         self.result.shrink_runs += shrinking
         self.result.examples += not shrinking
-        key = (found[0].check, found[0].rule) if found else None
-        if key is None or (shrinking and (key != self.failure or not clear_margin(found[0]))):
-            return  # passes, fails another way, or too close to its tolerance to replay: not the failure shrunk
-        self.failure = key
-        self.latest = _Failed(workload, found)
-        raise self.latest
+        return found or None, None
 
 
 SHRINK_MARGIN = 4.0
@@ -551,29 +530,17 @@ def search(
     examples: int, minutes: float, seed: int = 0,
 ) -> WhiteBoxResult:  # fmt: skip
     """Hypothesis draws up to `examples` workloads within `minutes`; the first failure is shrunk
-    (same check and rule) until the budget ends; `result` gets the minimal workload."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
-
+    (same check and rule, a clear margin) until the budget ends (`search.drawn`); `result` gets
+    the minimal workload."""
     start = time.monotonic()
-    probe = Probe(llm, probe_target, reference, result, start + 60.0 * minutes)
-    checked = settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate, Phase.shrink],
-                       suppress_health_check=list(HealthCheck), print_blob=False)  # fmt: skip
-
-    def drawn(workload: Workload) -> None:
-        probe(workload)
-
-    run = hypothesis_seed(seed)(checked(given(workloads(shape))(drawn)))
-    try:
-        run()
-    except (_Failed, _BudgetSpent):
-        pass
-    except Exception as exc:  # Hypothesis's own (Flaky): keep the smallest failure seen
-        if probe.latest is None:
-            raise
-        result.subject = {**result.subject, "search_note": f"{type(exc).__name__}: {exc}"[:300]}
-    if probe.latest is not None:
-        result.workload, result.violations = probe.latest.workload, probe.latest.violations
+    probe = Probe(llm, probe_target, reference, result)
+    found = drawn_search(workloads(shape), probe, examples, seed, 60.0 * minutes, keep=clear_margin)
+    if found.failure is None and found.error is not None:
+        raise found.error
+    if found.error is not None:
+        result.subject = {**result.subject, "search_note": f"{type(found.error).__name__}: {found.error}"[:300]}
+    if found.failure is not None:
+        result.workload, result.violations = found.failure.workload, found.failure.violations
     result.seconds = time.monotonic() - start
     return result
 
