@@ -100,6 +100,8 @@ def test_metrics_counts_from_a_real_vllm_sample() -> None:
     assert delta == want, f"counts {delta}, should be 22 drafts, 88 drafted, 9 accepted, no preemption"
     preempted = parse_metrics('vllm:num_preemptions_total{engine="0"} 3.0\n')
     assert SpecCounts.from_metrics(preempted).preemptions == 3.0, preempted
+    hits = parse_metrics('vllm:prefix_cache_hits_total{engine="0"} 32.0\nvllm:prefix_cache_hits_created 1.7e9\n')
+    assert SpecCounts.from_metrics(hits).prefix_hits == 32.0, hits
     assert delta.acceptance == pytest.approx(9 / 88), f"acceptance {delta.acceptance}, should be 9/88"
 
 
@@ -134,7 +136,7 @@ def outcome(
     drafted = 0.0 if spec is None else 40.0
     return ConfigurationOutcome("tiny", configuration, spec, passed, "diverged (requests [3])" if not passed else
                                 "exact", requests=8, overlapped=8, peak_in_flight=6, exact_match=1.0 if passed else 0.5,
-                                partial_match=1.0, counts=SpecCounts(10, drafted, accepted), error=error,
+                                partial_match=1.0, counts=SpecCounts(10, drafted, accepted, 2, 32), error=error,
                                 whitebox=whitebox)  # fmt: skip
 
 
@@ -181,8 +183,18 @@ def test_report_shows_the_white_box_per_configuration() -> None:
 def test_json_outcome_carries_warnings_and_counts() -> None:
     data = outcome("ngram", 0).to_json()
     assert data["warnings"] == [NOTHING_ACCEPTED], f"json warnings {data['warnings']}, should be the nothing-accepted"
-    want = {"drafts": 10, "drafted": 40.0, "accepted": 0, "preemptions": 0.0, "acceptance": 0.0}
+    want = {"drafts": 10, "drafted": 40.0, "accepted": 0, "preemptions": 2, "prefix_hits": 32, "acceptance": 0.0}
     assert data["counts"] == want, f"{data['counts']}"
+
+
+def test_a_black_box_that_never_preempted_or_hit_the_prefix_cache_is_flagged() -> None:
+    """By the server's own counters: a pass whose requests reached neither a preemption nor a
+    prefix-cache hit says nothing of them, and says so (a warning, not a failure)."""
+    reached = outcome("draft", 3)
+    assert reached.unexercised == [] and not any("flagged" in w for w in reached.warnings)
+    bare = ConfigurationOutcome(**{**reached.__dict__, "counts": SpecCounts(10, 40.0, 3.0)})
+    assert bare.unexercised == ["a preemption", "a prefix-cache hit"] and bare.all_passed
+    assert "flagged: the black box's requests never reached a prefix-cache hit" in render_markdown([bare])
 
 
 def test_reports_written_with_version_and_verdicts(tmp_path: Path) -> None:
@@ -265,6 +277,8 @@ def test_blackbox_prompts_sit_on_both_sides_of_block_boundaries() -> None:
     assert all(4 <= t < 512 for p in prompts for t in p)
     assert all(p[: len(p) // 2] and any(p[i] == p[i + k] for k in range(2, 6) for i in range(5)) for p in prompts)
     assert boundary_prompts(512, 8, seed=3) == prompts != boundary_prompts(512, 8, seed=4)
+    shared = [i for i, p in enumerate(prompts) if any(p[:32] == q[:32] for q in prompts[:i] if len(q) >= 32)]
+    assert shared and all(i % 2 and len(prompts[i]) > 32 for i in shared), shared  # a full block for the cache
 
 
 def test_whitebox_configurations_cover_the_layouts_hard_paths(tmp_path: Path) -> None:

