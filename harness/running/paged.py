@@ -6,8 +6,8 @@ not exist there. What does: per forward the packed tokens and positions, each re
 span and context length, the cache slot each token is written to and each request's block
 table; per step what each request has committed. Each engine's observer
 (`adapters.vllm.observer`, `adapters.transformers_cb`) records exactly that as `PagedCall`s and
-one `PagedTrace` on one `PagedRecorder`; neither imports the other, and the checks import neither. A driver that also
-records each request's outputs hands the checks a `PagedRun`.
+one `PagedTrace`, both on `PagedRecorder`; neither imports the other, and the checks import
+neither. A driver that also records each request's outputs hands the checks a `PagedRun`.
 
 Both engines preempt alike: a preempted request gives its blocks back and is recomputed from
 position 0 with everything it committed as its prompt. Each observer records the run by the
