@@ -310,11 +310,11 @@ def call_batches(
 
 @dataclass
 class StepRun:
-    """What driving a step-wise engine left: each request's tokens (every request, [] if never added),
-    the step it was added at, the step it ended at (finished or aborted), the tokens it held when
-    cancelled, the contract breach that ended the run, and the steps taken."""
+    """What driving a step-wise engine left: the tokens of each request it was given, the step each
+    was added at, the step it ended at (finished or aborted), the tokens it held when cancelled, the
+    contract breach that ended the run, and the steps taken."""
 
-    tokens: dict[int, list[int]]
+    tokens: dict[int, list[int]] = field(default_factory=dict)
     added: dict[int, int] = field(default_factory=dict)
     done: dict[int, int] = field(default_factory=dict)
     cancelled: dict[int, int] = field(default_factory=dict)
@@ -332,7 +332,7 @@ def request_extras(request: Request) -> dict[str, Any]:
 
 def run_steps(
     engine: Any, requests: Sequence[Request], eos_token_id: int | None, timeout_s: float, max_steps: int | None = None
-) -> tuple[StepRun, EngineBook]:
+) -> StepRun:
     """The one step loop of every step-wise engine (`blackbox --engine`, OpenVINO): add each request at
     its arrival step, cancel it `cancel` steps after its add, step until every request has ended,
     the engine's every call held to the contract (`EngineBook`); a breach ends the run as its error."""
@@ -343,7 +343,7 @@ def run_steps(
     last = max(arrive)
     cancels = max((r.cancel or 0 for r in requests), default=0)
     budget = max_steps or last + sum(r.max_new_tokens for r in requests) + cancels + 8
-    run = StepRun({r.id: [] for r in requests})
+    run = StepRun()
     try:
         for step in range(budget):
             run.steps = step + 1
@@ -357,26 +357,25 @@ def run_steps(
                     run.cancelled[r.id] = len(book.requests[r.id].tokens)
             book.step()
             book.check_unfinished()
-            run.done |= {rid: step for rid in run.added if rid not in run.done and book.ended(rid)}
+            run.done |= {rid: step for rid in run.added if rid not in run.done and not book.live(rid)}
             if step >= last and len(run.done) == len(requests):
                 break
     except ContractError as exc:  # a breach about one request names it
         error = exc.violation()
         run.error = replace(error, request=error.evidence.get("request"))
-    for rid, state in book.requests.items():
-        run.tokens[rid] = list(state.tokens)
-    return run, book
+    run.tokens = {rid: list(state.tokens) for rid, state in book.requests.items()}
+    return run
 
 
 def drive_steps(
     engine: Any, requests: Sequence[Request], eos_token_id: int | None, timeout_s: float, max_steps: int | None
 ) -> tuple[dict[int, Answer], Violation | None]:
     """Each request's answer from `run_steps`; one that never ended carries the breach, or `request-finishes`."""
-    run, book = run_steps(engine, requests, eos_token_id, timeout_s, max_steps)
-    late = unfinished_requests(requests, book, set(run.done), run.steps)
+    run = run_steps(engine, requests, eos_token_id, timeout_s, max_steps)
+    late = unfinished_requests(requests, run.tokens, set(run.done), run.steps)
     answers = {}
     for r in requests:
-        tokens = tuple(run.tokens[r.id]) if r.id in book.requests else None
+        tokens = tuple(run.tokens[r.id]) if r.id in run.tokens else None
         if r.id in run.done:
             answers[r.id] = Answer(tokens, None, run.added[r.id], run.done[r.id])
         else:
@@ -391,15 +390,14 @@ def cut_short(why: Violation, request: int, held: int, limit: int) -> Violation:
 
 
 def unfinished_requests(
-    requests: Sequence[Request], book: EngineBook, done: set[int], budget: int
+    requests: Sequence[Request], tokens: dict[int, list[int]], done: set[int], budget: int
 ) -> dict[int, Violation]:
     """'request-finishes' over a ledger of the run (`checks.liveness`), as a white-box engine's or a
     decoder's requests are judged: each request not done within the `budget` of steps."""
     ledger = WaitLedger("steps", None, "max_wait_steps")
     for r in requests:
         tenure = ledger.tenure(r.id, r.max_new_tokens)
-        state = book.requests.get(r.id)
-        tenure.tokens, tenure.finished = len(state.tokens) if state is not None else 0, r.id in done
+        tenure.tokens, tenure.finished = len(tokens.get(r.id, ())), r.id in done
     return {
         int(v.request): replace(v, evidence={**v.evidence, "steps": budget})
         for v in unfinished(ledger)

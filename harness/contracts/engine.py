@@ -153,7 +153,7 @@ class EngineBook:
         self.steps = 0
 
     def live_ids(self) -> list[int]:
-        return [r for r, s in self.requests.items() if s.live(self.eos)]
+        return [r for r in self.requests if self.live(r)]
 
     def add(self, request_id: int, prompt: tuple[int, ...], max_new_tokens: int, **extras: Any) -> None:
         """`extras`: the request's own keywords (`k`, `stop`, `include`), passed only when given."""
@@ -191,10 +191,9 @@ class EngineBook:
             if self._call("step-returns", "finished", request_id):
                 self.requests[request_id].stopped = True
 
-    def ended(self, request_id: int) -> bool:
-        """Finished (EOS, limit, or the engine's own end) or aborted: nothing more is due."""
-        state = self.requests[request_id]
-        return state.aborted or state.finished(self.eos)
+    def live(self, request_id: int) -> bool:
+        """Neither finished (EOS, limit, or the engine's own end) nor aborted: more is due."""
+        return self.requests[request_id].live(self.eos)
 
     def check_unfinished(self) -> None:
         """'has-unfinished': the engine's answer against the harness's own count."""

@@ -380,14 +380,14 @@ def test_step_loop_sends_extras_cancels_and_hears_the_engines_end() -> None:
         Request(2, (3,), 5, 0, cancel=1),
     ]
     engine = _Counting()
-    run, _ = run_steps(engine, requests, None, 10.0)
+    run = run_steps(engine, requests, None, 10.0)
     assert run.error is None, run.error
     assert engine.got == {0: {}, 1: {"k": 3, "stop": "w", "include": True}, 2: {}}
     assert run.tokens == {0: [10] * 5, 1: [11, 11], 2: [12]} and run.cancelled == {2: 1}
     assert run.added == {0: 0, 1: 1, 2: 0} and run.done == {0: 4, 1: 2, 2: 1}
-    after_abort, _ = run_steps(_Counting("abort"), requests, None, 10.0)
+    after_abort = run_steps(_Counting("abort"), requests, None, 10.0)
     assert after_abort.error is not None and after_abort.error.rule == "aborted-silent", after_abort.error
-    after_stop, _ = run_steps(_Counting("stop"), requests, None, 10.0)
+    after_stop = run_steps(_Counting("stop"), requests, None, 10.0)
     assert after_stop.error is not None and after_stop.error.rule == "finished-silent", after_stop.error
 
 

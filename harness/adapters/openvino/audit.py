@@ -159,7 +159,7 @@ def judged(
     requests, answers = [], {}
     vocab = int(target.config.vocab_size)
     for i, prompt in enumerate(workload.prompts):
-        got = run.tokens[i]
+        got = run.tokens.get(i, [])
         limit = workload.limits[i]
         note = ""
         if i in run.cancelled:

@@ -75,7 +75,7 @@ def sample(i: int, workload: Workload, run: StepRun, seed: int, vocab: int) -> S
     id outside the vocabulary, too few tokens) that stands for them."""
     request = Request(i, workload.prompts[i], NEW_TOKENS, float(workload.arrivals[i]))
     prompt_index = PROMPTS.index(workload.prompts[i])
-    got = run.tokens[i]
+    got = run.tokens.get(i, [])
     if i not in run.done:
         why = run.error or contract_violation("responds", f"unfinished after {run.steps} steps", i)
         return Sample(request, prompt_index, seed, None, cut_short(why, i, len(got), NEW_TOKENS))

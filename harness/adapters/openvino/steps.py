@@ -30,8 +30,7 @@ def requests_of(workload: Workload, stops: dict[int, Any]) -> list[Request]:
 def drive(engine: OpenVinoEngine, workload: Workload, stops: dict[int, Any]) -> StepRun:
     """The workload through the step loop every step-wise engine shares (`transports.run_steps`), the
     pipeline's every call held to the engine contract."""
-    run, _ = run_steps(engine, requests_of(workload, stops), engine.eos, STEP_SECONDS)
-    return run
+    return run_steps(engine, requests_of(workload, stops), engine.eos, STEP_SECONDS)
 
 
 def out_of_vocabulary(got: list[int], vocab: int, request: int) -> tuple[int, Violation] | None:
