@@ -36,6 +36,7 @@ from specaudit.checks.outputs import OutputEvidence, compared
 from specaudit.checks.registry import BLACK_BOX, evaluate
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import ContractError, instantiate, load_decoder, validate_output
+from specaudit.contracts.subjects import EVIDENCE_BLACK_BOX
 from specaudit.contracts.violation import Violation, render
 from specaudit.numerics.tolerance import DTYPES
 from specaudit.reference.oracle import OracleResult, answer_oracles, greedy_oracle
@@ -220,7 +221,7 @@ def batch_evidence(
     """One batch as the registry's black-box evidence: each prompt a request of the record, its
     ties judged by the oracle's margin at the case's dtype and re-synced on the target."""
     eos = case.eos_token_id
-    record = Record(case.model, "blackbox", "calls", eos)
+    record = Record(case.model, EVIDENCE_BLACK_BOX, "calls", eos)
     for r, prompt in enumerate(case.prompts):
         tokens = list(outputs[r]) if outputs is not None else []
         record.admit(Entry(r, prompt, case.max_new_tokens, oracle[r], tokens, 0, 0))

@@ -653,7 +653,7 @@ def judge_answers(
     oracle, oracle_seconds = oracles(target, requests, answers, eos_token_id)
     dtype = dtype or dtype_name(target)
     unit = {"http": "seconds", "steps": "steps"}.get(transport, "calls")  # what arrivals count in (`Request`)
-    record = Record(label, "blackbox", unit, eos_token_id)
+    record = Record(label, subjects.EVIDENCE_BLACK_BOX, unit, eos_token_id)
     for r in requests:
         a, limit, expected = answers[r.id], r.max_new_tokens, oracle[r.id]
         if r.stop is not None and decode is not None:

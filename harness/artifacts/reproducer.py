@@ -11,14 +11,15 @@ A reproducer `DIR/<name>.json` is one envelope for every kind of failure:
 | real-model | decoder, target and draft directories, device, dtype | the case (model "external:...") |
 | engine-ops | engine, built-in model | K, EOS, pad and the rules ("ops") of the engine state machine |
 | blackbox | transport, server or engine, target, served model, dtype | seed, spread, batch cut, EOS, requests |
-| vllm-paged | vLLM model and speculative configuration | the in-process workload |
-| transformers-cb | engine, entry point, model, transformers' version | the workload (`adapters.transformers_cb`) |
+| paged-engine | vLLM's model, method; transformers-cb's entry point, version | `engine` (its row), the workload |
 | sampling-case | decoder | the sampling case (`SamplingCase.to_json`: batch, settings, draft, runs, seed) |
 | openvino | configuration, pipeline options, openvino-genai version | the workload (`adapters.openvino`) |
 
 Each kind is the `reproducer` of a row of `specaudit.contracts.subjects.KINDS`, the one table of
-subject kinds; `Reproducer.subject_kind` is that row (replay dispatches on its name). The strings
-are the ones files were always written with, so version 2 files of every kind load as written.
+subject kinds; `Reproducer.subject_kind` is that row (replay dispatches on its name; a
+paged-engine file names its row in its payload). The strings are the ones files were written
+with, so version 2 files of every kind load: the two paged white boxes' former kinds
+(`vllm-paged`, `transformers-cb`) are upgraded to `paged-engine` (`PAGED_BEFORE`).
 
 `load_reproducer` reads the envelope and upgrades the four formats written before it (a
 versioned case file, an engine file with "ops", a `"kind": "specaudit-blackbox"` file, a case
@@ -123,8 +124,6 @@ def write_engine_reproducer(directory: Path, name: str, record: dict[str, Any]) 
 # The envelope: one reproducer of any kind, written, loaded and upgraded here
 
 REPRODUCER_VERSION = 2
-KINDS = {kind.reproducer: kind.noun for kind in subjects.homes() if kind.reproducer is not None}
-"""Each kind of reproducer, and how a message names it (from `contracts.subjects.KINDS`)."""
 
 
 def written(kind: SubjectKind) -> str:
@@ -138,7 +137,7 @@ CASE_KIND, REAL_MODEL_KIND, ENGINE_KIND = (
     written(subjects.REAL_MODEL),
     written(subjects.ENGINE),
 )
-BLACKBOX_KIND, PAGED_KIND = written(subjects.BLACK_BOX), written(subjects.VLLM_WHITE_BOX)
+BLACKBOX_KIND = written(subjects.BLACK_BOX)
 EXTERNAL = "external:"
 """The model prefix of a case on real models (`specaudit.adapters.realmodel.real_case`)."""
 LEGACY_BLACKBOX = "specaudit-blackbox"
@@ -146,14 +145,14 @@ LEGACY_BLACKBOX = "specaudit-blackbox"
 ENGINE_PAYLOAD = ("num_draft_tokens", "eos_token_id", "pad_token_id", "ops")
 BLACKBOX_SUBJECT = ("transport", "server", "engine", "target", "served_model", "dtype")
 BLACKBOX_PAYLOAD = ("seed", "spread", "eos_token_id", "max_batch", "requests", "stops_recorded")
-PAGED_PAYLOAD = ("new_tokens", "prompts", "arrivals", "aborts")
+VLLM_WORKLOAD = ("new_tokens", "prompts", "arrivals", "aborts")
 
 
 @dataclass(frozen=True)
 class Reproducer:
     """One reproducer: what was under test (`subject`), what to run again (`payload`) and what it
-    gave (`evidence`). `source` is the file it was read from, `legacy` the pre-envelope format it
-    was upgraded from (None: an envelope), both for messages only."""
+    gave (`evidence`). `source` is the file it was read from, `legacy` the pre-envelope format or
+    former kind it was upgraded from (None: an envelope of its kind), both for messages only."""
 
     kind: str
     subject: dict[str, Any]
@@ -168,8 +167,8 @@ class Reproducer:
 
     @property
     def subject_kind(self) -> SubjectKind:
-        """The row of the one table of subject kinds this reproducer's kind resolves to."""
-        kind = subjects.by_reproducer(self.kind)
+        """The row of the one table of subject kinds this reproducer's kind (and `engine`) resolves to."""
+        kind = subjects.by_reproducer(self.kind, self.payload.get(subjects.ENGINE_KEY))
         assert kind is not None, self.kind  # `__post_init__`
         return kind
 
@@ -275,10 +274,37 @@ def blackbox_reproducer(plan: dict[str, Any], outcome: dict[str, Any] | None = N
     return Reproducer(BLACKBOX_KIND, subject, payload, {} if outcome is None else {"outcome": outcome})
 
 
-def paged_reproducer(subject: dict[str, Any], payload: dict[str, Any], violations: list[Violation]) -> Reproducer:
-    """A vLLM white-box run: the models and speculative method (`subject`), the workload
-    (`payload`: tokens per request, prompts, arrival and abort steps) and the paged violations."""
-    return Reproducer(PAGED_KIND, subject, payload, violations_evidence([asdict(v) for v in violations]))
+def paged_reproducer(
+    kind: SubjectKind,
+    subject: dict[str, Any],
+    workload: dict[str, Any],
+    violations: list[Violation],
+    settings: dict[str, Any] | None = None,
+) -> Reproducer:
+    """A paged white box's failure (`kind`: its row, named in the payload): what ran (`subject`),
+    its workload, the engine's `settings` where the workload does not fix them, the violations."""
+    payload = {subjects.ENGINE_KEY: kind.name, "workload": workload} | (
+        {} if settings is None else {"settings": settings}
+    )
+    return Reproducer(written(kind), subject, payload, violations_evidence([asdict(v) for v in violations]))
+
+
+def vllm_paged_before(payload: dict[str, Any]) -> dict[str, Any]:
+    """A `vllm-paged` payload (the workload's fields, its engine settings under `engine`) as paged-engine's."""
+    workload = {key: value for key, value in payload.items() if key != subjects.ENGINE_KEY}
+    settings = payload.get(subjects.ENGINE_KEY)
+    return {subjects.ENGINE_KEY: subjects.VLLM_WHITE_BOX.name, "workload": workload} | (
+        {"settings": settings} if settings else {}
+    )
+
+
+def transformers_cb_before(payload: dict[str, Any]) -> dict[str, Any]:
+    """A `transformers-cb` payload (its workload) as paged-engine's."""
+    return {**payload, subjects.ENGINE_KEY: subjects.TRANSFORMERS_CB.name}
+
+
+PAGED_BEFORE = {subjects.VLLM_WHITE_BOX.name: vllm_paged_before, subjects.TRANSFORMERS_CB.name: transformers_cb_before}
+"""How each row's payload written before (`SubjectKind.written_before`) reads as its kind's now."""
 
 
 def read_json(path: Path) -> Any:
@@ -317,20 +343,28 @@ def from_envelope(data: dict[str, Any], path: Path) -> Reproducer:
     if data.get("version") != REPRODUCER_VERSION:
         raise UsageError(f"{path}: reproducer version {data.get('version')!r} is not supported (this is "
                          f"{REPRODUCER_VERSION})")  # fmt: skip
-    if subjects.by_reproducer(str(data.get("kind"))) is None:
+    kind, before = str(data.get("kind")), subjects.written_before(str(data.get("kind")))
+    if subjects.by_reproducer(kind) is None and before is None:
         kinds = ", ".join(subjects.REPRODUCER_KINDS)
         raise UsageError(f"{path}: reproducer kind {data.get('kind')!r} is none of {kinds}")
     parts = {part: data.get(part, {} if part == "evidence" else None) for part in ("subject", "payload", "evidence")}
     wrong = [part for part, value in parts.items() if not isinstance(value, dict)]
     if wrong:
         raise UsageError(f"{path}: the reproducer's {' and '.join(wrong)} must be a JSON object, each")
-    return Reproducer(data["kind"], parts["subject"], parts["payload"], parts["evidence"], path)
+    if before is not None:  # a kind the row wrote before: its payload upgraded, the old kind kept for messages
+        payload = PAGED_BEFORE[before.name](parts["payload"])
+        return Reproducer(written(before), parts["subject"], payload, parts["evidence"], path, kind)
+    return Reproducer(kind, parts["subject"], parts["payload"], parts["evidence"], path)
 
 
 def validate(reproducer: Reproducer) -> Reproducer:
     """The reproducer, if its payload can be run; else a UsageError saying what is wrong where: its
     kind's own check where it has one, then the keys its row says a payload holds."""
     kind = reproducer.subject_kind
+    if kind.named_in_payload and reproducer.payload.get(subjects.ENGINE_KEY) != kind.name:
+        rows = ", ".join(k.name for k in subjects.homes() if k.reproducer == reproducer.kind)
+        raise UsageError(f"{reproducer.where}: a {reproducer.kind} reproducer's payload names its engine, one of "
+                         f"{rows}; it names {reproducer.payload.get(subjects.ENGINE_KEY)!r}")  # fmt: skip
     if kind.name in PAYLOAD_CHECKS:
         PAYLOAD_CHECKS[kind.name](reproducer)
     missing = [key for key in kind.payload if key not in reproducer.payload]
@@ -353,7 +387,9 @@ def check_blackbox(reproducer: Reproducer) -> None:
 
 
 def check_vllm_paged(reproducer: Reproducer) -> None:
-    missing = [key for key in (*PAGED_PAYLOAD, "model") if key not in {**reproducer.payload, **reproducer.subject}]
+    workload = reproducer.payload.get("workload")
+    has = {**(workload if isinstance(workload, dict) else {}), **reproducer.subject}
+    missing = [key for key in (*VLLM_WORKLOAD, "model") if key not in has]
     if missing:
         raise UsageError(f"{reproducer.where}: vLLM white-box reproducer lacks {', '.join(missing)}")
 

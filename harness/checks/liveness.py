@@ -16,6 +16,7 @@ import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from specaudit.contracts.subjects import EVIDENCE_DECODER
 from specaudit.contracts.violation import Violation
 from specaudit.running.record import Record
 
@@ -55,7 +56,7 @@ def settle(ledger: WaitLedger, record: Record) -> WaitLedger:
     """Each request's tokens so far and whether it is done (finished or aborted), from the
     subject's record (`running.record`): what `unfinished` judges, alike for every subject."""
     for r, entry in record.entries.items():
-        tenure = ledger.tenure(r, entry.max_new_tokens, row=r if record.kind == "decoder" else None)
+        tenure = ledger.tenure(r, entry.max_new_tokens, row=r if record.kind == EVIDENCE_DECODER else None)
         tenure.tokens = len(entry.tokens)
         tenure.finished = entry.aborted or entry.finished(record.eos_token_id)
     return ledger

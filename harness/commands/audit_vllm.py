@@ -26,6 +26,7 @@ from specaudit.adapters.sampling_blackbox import SamplingVerdict, audit_sampling
 from specaudit.adapters.vllm.lifecycle import (
     HOST,
     SERVER_ENV,
+    SERVER_LENGTH,
     ServerError,
     check_python,
     free_port,
@@ -36,6 +37,7 @@ from specaudit.adapters.vllm.metrics import SpecCounts, fetch_counts
 from specaudit.adapters.vllm.models import model_directories
 from specaudit.adapters.vllm.report import ConfigurationOutcome, from_report, write_reports
 from specaudit.adapters.vllm.server import (
+    BLACKBOX_LENGTHS,
     SERVER_BLOCK,
     SERVER_CHUNK,
     boundary_prompts,
@@ -176,6 +178,10 @@ def run_audit_vllm(settings: VllmAuditSettings, say: Callable[[str], None] | Non
     say = say or (lambda text: print(f"specaudit: {text}", file=sys.stderr, flush=True))
     if settings.plant is not None and settings.plant not in BY_NAME:
         raise UsageError(f"--plant {settings.plant!r} names no planted vLLM bug; known: {', '.join(BY_NAME)}")
+    if max(BLACKBOX_LENGTHS) + settings.max_new_tokens > SERVER_LENGTH:
+        raise UsageError(f"--max-new-tokens {settings.max_new_tokens}: the served prompts of up to "
+                         f"{max(BLACKBOX_LENGTHS)} tokens and their outputs must fit the servers' --max-model-len "
+                         f"{SERVER_LENGTH}; give at most {SERVER_LENGTH - max(BLACKBOX_LENGTHS)}")  # fmt: skip
     version = check_python(settings.python)
     root = settings.cache or cache_dir() / "vllm"
     outcomes: list[ConfigurationOutcome] = []

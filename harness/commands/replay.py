@@ -61,10 +61,6 @@ class ReplayOptions:
     quiet: bool = True
 
 
-APPLIES = {kind.reproducer: kind.replay for kind in subjects.homes()}
-"""The options of `ReplayOptions` each reproducer kind takes (`contracts.subjects.KINDS`' `replay`)."""
-
-
 @dataclass(frozen=True)
 class EngineReplay:
     """An engine's rules run again: the violations of the first failing rule ([] if none)."""
@@ -254,14 +250,14 @@ def replay_vllm_paged(reproducer: Reproducer, options: ReplayOptions) -> Any:
         raise UsageError(f"{reproducer.where} replays vLLM in process: run it with the vLLM venv's python")
     model = options.target or reproducer.subject["model"]
     draft = options.draft or reproducer.subject.get("draft")
-    return observe_in_process(model, draft, reproducer.payload)
+    return observe_in_process(model, draft, reproducer.payload["workload"], reproducer.payload.get("settings"))
 
 
 def replay_transformers_cb(reproducer: Reproducer, options: ReplayOptions) -> PagedReplay:
     """The workload through the installed transformers' continuous batching again."""
-    from specaudit.adapters.transformers_cb import replay_workload
+    from specaudit.adapters.transformers_cb import replay_json
 
-    return PagedReplay(replay_workload(reproducer.source))
+    return PagedReplay(replay_json(reproducer.payload["workload"], reproducer.where))
 
 
 def replay_sampling_case(reproducer: Reproducer, options: ReplayOptions) -> SamplingReplay:

@@ -18,12 +18,17 @@ its one `name` (the vocabulary code uses: the plan's `Item.kind`, replay's dispa
   ReplayOptions) -> outcome` (imported by `commands.replay` when a file of its kind is replayed,
   so this table names an adapter's function without importing it);
 - `driver`: `module:attribute` of its `audits.subject.SubjectDriver` when `specaudit audit` and
-  the gate run it (None: another command does); `audits.plan.SUBJECTS` is these, in table order.
+  the gate run it (None: another command does); `audits.plan.SUBJECTS` is these, in table order;
+- `written_before`: the reproducer kinds its files were written with before they took `reproducer`
+  (upgraded on load, `artifacts.reproducer.upgrade`).
 
-The written strings (`reproducer`, `report`) are the ones files were always written with, kept so
-that every reproducer and report.json written before still loads; only this table spells them.
-Two kinds may write one string (vLLM's black box writes the black box's reproducers): a string
-read back resolves to the first row that writes it, its home (`by_reproducer`, `by_report`).
+The written strings (`reproducer`, `report`, `written_before`) are the ones files were written
+with, kept so that every reproducer and report.json written before still loads; only this table
+spells them. Two kinds may write one string: a string read back resolves to the first row that
+writes it, its home (`by_reproducer`, `by_report`; vLLM's black box writes the black box's
+reproducers), unless the rows' payloads hold `engine`, the name of the row that wrote it: the two
+paged white boxes (vLLM's, transformers-cb's) write one kind, `paged-engine`, and each replays
+through its own row.
 Standard library only: the formats, the registry, the plan and replay all import it.
 """
 
@@ -43,6 +48,10 @@ EVIDENCE = (EVIDENCE_DECODER, EVIDENCE_ENGINE, EVIDENCE_BLACK_BOX, EVIDENCE_PAGE
 
 REPLAY_OPTIONS = ("decoder", "engine", "server", "target", "draft", "device")
 """What `specaudit replay` may put in place of a reproducer's own subject (`--decoder`, ...)."""
+ENGINE_KEY = "engine"
+"""The payload key naming the row that wrote a reproducer of a kind several rows write."""
+PAGED_PAYLOAD = (ENGINE_KEY, "workload")
+"""A paged white box's reproducer payload: its row's name and its workload (and engine `settings`)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,12 @@ class SubjectKind:
     payload: tuple[str, ...] = ()
     replayer: str | None = None
     driver: str | None = None
+    written_before: tuple[str, ...] = ()
+
+    @property
+    def named_in_payload(self) -> bool:
+        """Whether its reproducers name their row (`engine`), so rows sharing the kind are told apart."""
+        return ENGINE_KEY in self.payload
 
 
 REPLAY = "specaudit.commands.replay:"
@@ -85,14 +100,15 @@ VLLM_BLACK_BOX = SubjectKind(
     BLACK_BOX.noun, payload=BLACK_BOX.payload, replayer=BLACK_BOX.replayer,
 )  # fmt: skip
 VLLM_WHITE_BOX = SubjectKind(
-    "vllm-white-box", EVIDENCE_PAGED, "vllm-paged", "vllm white box", ("target", "draft"),
-    "a vLLM white-box reproducer", payload=("new_tokens", "prompts", "arrivals", "aborts"),
-    replayer=REPLAY + "replay_vllm_paged",
+    "vllm-white-box", EVIDENCE_PAGED, "paged-engine", "vllm white box", ("target", "draft"),
+    "a vLLM white-box reproducer", payload=PAGED_PAYLOAD, replayer=REPLAY + "replay_vllm_paged",
+    written_before=("vllm-paged",),
 )  # fmt: skip
 TRANSFORMERS_CB = SubjectKind(
-    "transformers-cb", EVIDENCE_PAGED, "transformers-cb", "paged engine", (),
-    "a transformers continuous-batching reproducer", payload=("workload",),
+    "transformers-cb", EVIDENCE_PAGED, "paged-engine", "paged engine", (),
+    "a transformers continuous-batching reproducer", payload=PAGED_PAYLOAD,
     replayer=REPLAY + "replay_transformers_cb", driver=AUDITS + "transformers_cb:TRANSFORMERS_CB",
+    written_before=("transformers-cb",),
 )  # fmt: skip
 SAMPLING_DECODER = SubjectKind(
     "sampling-decoder", EVIDENCE_SAMPLER, "sampling-case", "sampling decoder", ("decoder",),
@@ -146,9 +162,17 @@ def named(name: str) -> SubjectKind:
     raise ValueError(f"{name!r} is no subject kind; the kinds are {', '.join(NAMES)} (contracts.subjects.KINDS)")
 
 
-def by_reproducer(written: str) -> SubjectKind | None:
-    """The home row of a reproducer envelope's `"kind"` (None: no row writes it)."""
-    return next((kind for kind in KINDS if kind.reproducer == written), None)
+def by_reproducer(written: str, engine: Any = None) -> SubjectKind | None:
+    """The row of a reproducer envelope's `"kind"`: the one its payload's `engine` names where the
+    rows writing it are told apart so, else its home (None: no row writes it)."""
+    writers = [kind for kind in KINDS if kind.reproducer == written]
+    chosen = [kind for kind in writers if kind.named_in_payload and kind.name == engine]
+    return (chosen or writers or [None])[0]
+
+
+def written_before(written: str) -> SubjectKind | None:
+    """The row whose files were written with this kind before they took the row's `reproducer`."""
+    return next((kind for kind in KINDS if written in kind.written_before), None)
 
 
 def by_report(written: str) -> SubjectKind | None:
@@ -157,8 +181,11 @@ def by_report(written: str) -> SubjectKind | None:
 
 
 def homes() -> tuple[SubjectKind, ...]:
-    """The rows a reproducer kind resolves to (one per `REPRODUCER_KINDS`): the ones replay dispatches on."""
-    return tuple(kind for kind in KINDS if kind.reproducer is not None and by_reproducer(kind.reproducer) is kind)
+    """The rows a reproducer resolves to (a kind's home, or a row its payload names): the ones replay
+    dispatches on."""
+    return tuple(
+        kind for kind in KINDS if kind.reproducer is not None and by_reproducer(kind.reproducer, kind.name) is kind
+    )
 
 
 def check(kinds: tuple[SubjectKind, ...]) -> list[str]:
@@ -182,9 +209,16 @@ def row_problems(kind: SubjectKind, kinds: tuple[SubjectKind, ...]) -> list[str]
     if kind.driver is not None and kind.driver.count(":") != 1:
         problems.append(f"{kind.name}: its driver {kind.driver!r} is no module:attribute")
     home = next((k for k in kinds if kind.reproducer is not None and k.reproducer == kind.reproducer), kind)
-    if (home.replay, home.payload, home.replayer) != (kind.replay, kind.payload, kind.replayer):
+    told_apart = home.named_in_payload and kind.named_in_payload
+    if home.payload != kind.payload or (
+        not told_apart and (home.replay, home.replayer) != (kind.replay, kind.replayer)
+    ):
         problems.append(f"{kind.name}: writes {home.name}'s reproducers ({kind.reproducer}), but reads them "
-                        "with other replay options, payload or replayer")  # fmt: skip
+                        "with other replay options, payload or replayer, and its payload names no row")  # fmt: skip
+    taken = {k.reproducer for k in kinds} | {s for k in kinds if k is not kind for s in k.written_before}
+    problems += [
+        f"{kind.name}: {s!r}, written before, is another row's kind too" for s in kind.written_before if s in taken
+    ]
     return problems
 
 

@@ -25,6 +25,7 @@ from specaudit.contracts.builtins import check_model
 from specaudit.contracts.decoder import ContractError
 from specaudit.contracts.engine import ENGINE_RULES, EngineBook, build_engine, declared, engine_error, load_engine
 from specaudit.contracts.engine_rules import Abort, AddRequest, Drain, EngineRules, Op, Step
+from specaudit.contracts.subjects import EVIDENCE_ENGINE
 from specaudit.contracts.violation import Violation
 from specaudit.fixtures.pairs import is_exact, target_model
 from specaudit.fixtures.transparent import RequestScript, Script, ScriptedDraft, scripted_draft, transparent_target
@@ -129,7 +130,7 @@ class EngineSession:
         self.stack = ExitStack()
         self.recording = self.stack.enter_context(instrument(self.target, self.draft))
         self.tracked: dict[int, Tracked] = {}
-        self.record = Record(self.spec, "engine", "target calls", self.eos_token_id, self.recording.target_calls)
+        self.record = Record(self.spec, EVIDENCE_ENGINE, "target calls", self.eos_token_id, self.recording.target_calls)
         self.seen_calls = 0
         self.unobserved = 0
         self.last_lengths: dict[int, int] = {}  # live request -> its tokens after the previous step

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specaudit.contracts.engine import reached_end
+from specaudit.contracts.subjects import EVIDENCE
 from specaudit.reference.oracle import OracleResult
 from specaudit.running.instrument import CallRecord
 
@@ -41,11 +42,15 @@ class Record:
     """A subject's evidence, judged by the same checks whatever made it."""
 
     subject: str  # the decoder or engine spec, or a black box's label
-    kind: str  # "decoder", "engine" or "blackbox"
+    kind: str  # the evidence it is: a name of `contracts.subjects.EVIDENCE` ("decoder", "paged engine", ...)
     unit: str  # what `admitted` and `retired` count: "target calls", "steps", "seconds", "calls"
     eos_token_id: int | None
     calls: list[CallRecord] = field(default_factory=list)  # every observed target forward, in order
     entries: dict[int, Entry] = field(default_factory=dict)  # request id -> its entry, in arrival order
+
+    def __post_init__(self) -> None:
+        if self.kind not in EVIDENCE:
+            raise ValueError(f"a record of {self.kind!r}: the evidence kinds are {', '.join(EVIDENCE)}")
 
     def admit(self, entry: Entry) -> None:
         self.entries[entry.request] = entry

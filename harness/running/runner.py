@@ -15,6 +15,7 @@ import torch
 
 from specaudit.contracts.case import Case
 from specaudit.contracts.decoder import ContractError, instantiate, load_decoder
+from specaudit.contracts.subjects import EVIDENCE_DECODER
 from specaudit.fixtures.pairs import draft_model, target_model
 from specaudit.fixtures.transparent import RequestScript
 from specaudit.numerics.calibration import NoiseFloor, Witness, judge_divergence
@@ -99,7 +100,7 @@ class Run:
         """The run as every subject's evidence (`running.record`): each case row a request, handed
         over when `generate` starts and returned when it ends."""
         calls = self.recording.target_calls
-        record = Record(self.decoder, "decoder", "target calls", self.case.eos_token_id, calls)
+        record = Record(self.decoder, EVIDENCE_DECODER, "target calls", self.case.eos_token_id, calls)
         outputs = self.outputs or [[] for _ in self.case.prompts]
         for r, (prompt, tokens) in enumerate(zip(self.case.prompts, outputs)):
             record.admit(Entry(r, prompt, self.case.max_new_tokens, self.oracle[r], list(tokens), 0, len(calls)))

@@ -1,18 +1,20 @@
 """One search over drawn workloads for every engine adapter: vLLM's and transformers-cb's paged
 white boxes and OpenVINO's output level.
 
-Hypothesis draws up to `examples` workloads from the adapter's strategy within a time budget; the
-adapter judges each (`Judge`: the violations that count, None when it passes or a known defect
-explains it). The first failure is shrunk to the smallest workload that fails the same way: the
-same first check and rule, and `keep` true of its first violation (a margin over a tolerance, so
-the minimal case fails again on another machine). Shrinking stops when Hypothesis is done or the
-budget is spent. Seeded and without a database, so a search is the same on every machine.
+Hypothesis draws up to `examples` workloads from the adapter's strategy within a time budget, after
+the adapter's `first` (fixed workloads built to reach what a handful of draws may all miss; one
+that fails is kept until a draw fails the same way and is shrunk); the adapter judges each
+(`Judge`: the violations that count, None when it passes or a known defect explains it). The
+first failure is shrunk to the smallest workload that fails the same way: the same first check
+and rule, and `keep` true of its first violation (a margin over a tolerance, so the minimal case
+fails again on another machine). Shrinking stops when Hypothesis is done or the budget is spent.
+Seeded and without a database, so a search is the same on every machine.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -67,10 +69,22 @@ def drawn_search(
     seed: int,
     seconds: float | None = None,
     keep: Callable[[Violation], bool] = lambda v: True,
+    first: Sequence[W] = (),
 ) -> Found[W]:
-    """Draw, judge and shrink (see the module docstring); `seconds`: the budget (None: none)."""
+    """Judge `first`, then draw, judge and shrink (see the module docstring); `examples` counts
+    both; `seconds`: the budget (None: none). A fixed workload that fails is the failure kept until
+    a draw fails the same way, which is then shrunk in its place."""
     deadline = None if seconds is None else time.monotonic() + seconds
     kept: dict[str, Any] = {"key": None, "failure": None}
+    for workload in first:
+        if deadline is not None and time.monotonic() > deadline:
+            return Found(None)
+        violations, evidence = judge(workload, False)
+        if violations is not None:
+            kept["key"], kept["failure"] = key_of(violations), Shrunk(workload, violations, evidence)
+            break
+    if examples <= len(first):
+        return Found(kept["failure"])
 
     def probe(workload: W) -> None:
         shrinking = kept["failure"] is not None
@@ -87,8 +101,9 @@ def drawn_search(
         kept["key"], kept["failure"] = key, Shrunk(workload, violations, evidence)
         raise _Failed
 
-    checked = settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate, Phase.shrink],
-                       suppress_health_check=list(HealthCheck), print_blob=False)  # fmt: skip
+    checked = settings(max_examples=examples - len(first), deadline=None, database=None,
+                       phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck),
+                       print_blob=False)  # fmt: skip
     test = hypothesis_seed(seed)(checked(given(strategy)(probe)))
     try:
         test()

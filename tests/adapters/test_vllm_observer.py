@@ -754,11 +754,12 @@ def test_a_vllm_paged_reproducer_replays(tmp_path: Path) -> None:
     """`specaudit replay FILE` on a vLLM white-box reproducer runs its workload through vLLM in
     process again (a fresh process: vLLM cannot build a third engine in this one)."""
     from specaudit.artifacts.reproducer import paged_reproducer, save
+    from specaudit.contracts.subjects import VLLM_WHITE_BOX
 
     model = tiny_llama(tmp_path / "target", layers=2, seed=0)
     workload = {"new_tokens": 12, "prompts": {"a": [5, 6, 7, 5, 6, 7], "b": [9, 9, 9]}, "arrivals": {"a": 0, "b": 2},
                 "aborts": {"b": 6}}  # fmt: skip
-    path = save(tmp_path, "paged", paged_reproducer({"model": str(model), "draft": None}, workload, []))
+    path = save(tmp_path, "paged", paged_reproducer(VLLM_WHITE_BOX, {"model": str(model), "draft": None}, workload, []))
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     command = [sys.executable, "-m", "specaudit", "replay", str(path), "--json"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
@@ -798,14 +799,16 @@ def test_preempted_and_recomputed_requests_pass_on_unpatched_vllm(tmp_path: Path
     breaks (the earlier white box reported block-shared, greedy-commit, query-positions and
     slot-mapping here). Also: an engine's settings travel in a reproducer and replay."""
     from specaudit.artifacts.reproducer import paged_reproducer, save
+    from specaudit.contracts.subjects import VLLM_WHITE_BOX
 
     model = tiny_llama(tmp_path / "target", layers=2, seed=0)
     engine = {"method": "ngram", "k": 3, "block_size": 32, "max_num_batched_tokens": 64, "kv_blocks": 6,
               "prefix_caching": False, "max_model_len": 128}  # fmt: skip
     prompts = {f"r{i}": [11 + i, 12, 13, 14] * 6 for i in range(6)}
     workload = {"new_tokens": 60, "prompts": prompts, "arrivals": {f"r{i}": i % 3 for i in range(6)}, "aborts": {},
-                "max_tokens": {f"r{i}": 60 - 7 * i for i in range(6)}, "engine": engine}  # fmt: skip
-    path = save(tmp_path, "preempted", paged_reproducer({"model": str(model), "draft": None}, workload, []))
+                "max_tokens": {f"r{i}": 60 - 7 * i for i in range(6)}}  # fmt: skip
+    found = paged_reproducer(VLLM_WHITE_BOX, {"model": str(model), "draft": None}, workload, [], settings=engine)
+    path = save(tmp_path, "preempted", found)
     outcome = replayed(str(path))
     assert outcome["preemptions"] >= 2, f"vLLM preempted {outcome['preemptions']} times: the test proves nothing"
     assert outcome["passed"], outcome["violations"][:3]

@@ -33,6 +33,7 @@ from specaudit.adapters.vllm.server import (
     SERVER_BLOCK,
     WHITEBOX,
     boundary_prompts,
+    sampling_size,
     server_env,
     speculative_config,
     whitebox_arguments,
@@ -195,6 +196,9 @@ def test_a_black_box_that_never_preempted_or_hit_the_prefix_cache_is_flagged() -
     bare = ConfigurationOutcome(**{**reached.__dict__, "counts": SpecCounts(10, 40.0, 3.0)})
     assert bare.unexercised == ["a preemption", "a prefix-cache hit"] and bare.all_passed
     assert "flagged: the black box's requests never reached a prefix-cache hit" in render_markdown([bare])
+    sampled = ConfigurationOutcome(**{**bare.__dict__, "sampling": {"passed": True, "counts": {"preemptions": 23.0}}})
+    assert sampled.unexercised == ["a prefix-cache hit"], "the sampling black box's preemptions count"
+    assert "| 0 / 23 |" in render_markdown([sampled])
 
 
 def test_reports_written_with_version_and_verdicts(tmp_path: Path) -> None:
@@ -255,17 +259,23 @@ def test_server_command_per_configuration(tmp_path: Path) -> None:
     assert speculative_config("disagree", tmp_path / "d", tmp_path / "t") == own  # its drafts shaped by the plugin
 
 
-def test_the_blackbox_server_cache_holds_one_longest_request_but_not_all_in_flight() -> None:
+@pytest.mark.parametrize(("requests", "tokens"), [(8, 24), (16, 32)], ids=["smoke", "full"])
+def test_the_blackbox_server_cache_holds_one_longest_request_but_not_the_sampled_ones(
+    requests: int, tokens: int
+) -> None:
     """`--num-gpu-blocks-override`: vLLM refuses a cache below `--max-model-len` (one block is its null
-    block); eight requests in flight of the longest prompt plus the default tokens overflow it, so
-    the black box's server preempts and recomputes requests."""
+    block); the sampling black box's requests run to their limits, and `--max-num-seqs` of them need
+    more than twice the cache's blocks, so the server preempts and recomputes requests whatever
+    the timing (CI's 8 greedy requests of 24 tokens, the full audit's 16 of 32)."""
     blocks = int(SERVER_BLOCK[SERVER_BLOCK.index("--num-gpu-blocks-override") + 1])
     size = int(SERVER_BLOCK[SERVER_BLOCK.index("--block-size") + 1])
     length = int(SERVER_ARGS[SERVER_ARGS.index("--max-model-len") + 1])
     assert (blocks - 1) * size >= length, f"{blocks} blocks of {size} cannot hold one request of {length}"
+    assert length >= max(BLACKBOX_LENGTHS) + VllmAuditSettings().max_new_tokens
+    prompts, _ = sampling_size(requests)
+    needed = [-(-(len(p) + tokens) // size) for p in boundary_prompts(512, prompts, seed=0)]
     in_flight = int(SERVER_ARGS[SERVER_ARGS.index("--max-num-seqs") + 1])
-    longest = max(BLACKBOX_LENGTHS) + VllmAuditSettings().max_new_tokens
-    assert in_flight * -(-longest // size) > blocks - 1, "the black box's server never runs out of blocks"
+    assert in_flight * sum(needed) / len(needed) > 2 * (blocks - 1), (needed, blocks)
 
 
 def test_blackbox_prompts_sit_on_both_sides_of_block_boundaries() -> None:
@@ -302,6 +312,32 @@ def test_whitebox_configurations_cover_the_layouts_hard_paths(tmp_path: Path) ->
     args = whitebox_arguments(WHITEBOX["disagree"], tmp_path / "t", tmp_path / "d")
     assert args[args.index("--disagree") + 1] == str(DISAGREE) and "--draft" not in args, args
     assert server_env("disagree") == {DRAFTS_ENV: f"disagree={DISAGREE}"} and server_env("self-draft") == {}
+
+
+@pytest.mark.parametrize("configuration", sorted(WHITEBOX))
+def test_each_white_box_engine_is_toured_before_the_draws(configuration: str) -> None:
+    """The fixed workload judged first (`whitebox.tour`) fits the engine's `max_model_len` with K
+    slots to spare, and reaches every feature the engine enables however few workloads are drawn:
+    two identical prompts of a full block and more arriving together and one later (prefix hits in
+    the step and across steps), a prompt longer than a step's token budget (chunked), more blocks
+    in flight than a small cache holds (preemption)."""
+    from specaudit.adapters.vllm.whitebox import Features, Shape, tour
+
+    options = WHITEBOX[configuration]
+    workload = tour(Shape(512, options.block_size, 48, 48, max_k=options.k if options.method != "none" else 0), options)
+    lengths = [len(r.prompt) + r.max_tokens for r in workload.requests]
+    assert all(r.max_tokens >= 1 for r in workload.requests) and max(lengths) + options.k < options.max_model_len
+    shared = [r for r in workload.requests if r.prompt == workload.requests[0].prompt]
+    enabled = Features.enabled(options)
+    if "prefix hits in the step" in enabled:
+        assert len(shared[0].prompt) > options.block_size and [r.arrival for r in shared] == [0, 0, 3]
+    if options.max_num_batched_tokens is not None:
+        assert max(len(r.prompt) for r in workload.requests) > options.max_num_batched_tokens
+    if options.kv_blocks is not None:
+        blocks = sum(-(-n // options.block_size) for n in lengths[:2]) - options.prefix_caching  # one shared
+        assert blocks > options.kv_blocks - 1, (blocks, options)  # the pair in flight together overflows
+    assert workload.k == (options.k or None)
+    assert configuration != "draft" or enabled == ()  # vLLM's block of 128 at a length of 128: nothing to cross
 
 
 def test_settings_and_python_are_checked(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from specaudit.artifacts.reproducer import (
-    KINDS,
     Reproducer,
     blackbox_reproducer,
     load_case,
@@ -28,6 +27,7 @@ from specaudit.audits.regression import write_engine_failure, write_failure
 from specaudit.commands.cli import main
 from specaudit.commands.replay import replay
 from specaudit.contracts.errors import UsageError
+from specaudit.contracts.subjects import REPRODUCER_KINDS, VLLM_WHITE_BOX
 from specaudit.contracts.violation import Violation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -192,9 +192,11 @@ def test_vllm_paged_writer_round_trips(tmp_path: Path, capsys: pytest.CaptureFix
     without vLLM installed is a usage error that says where to run it (the vLLM venv runs it:
     tests/adapters/test_vllm_observer.py)."""
     found = Violation("paged", "query-positions", "position 9", "position 8", call=3, row=1, slot=8)
-    path = save(tmp_path, "paged", paged_reproducer(PAGED_SUBJECT, PAGED_WORKLOAD, [found]))
+    path = save(tmp_path, "paged", paged_reproducer(VLLM_WHITE_BOX, PAGED_SUBJECT, PAGED_WORKLOAD, [found]))
     back = written_back(path)
-    assert (back.kind, back.subject, back.payload) == ("vllm-paged", PAGED_SUBJECT, PAGED_WORKLOAD), back
+    payload = {"engine": "vllm-white-box", "workload": PAGED_WORKLOAD}
+    assert (back.kind, back.subject, back.payload, back.subject_kind) == ("paged-engine", PAGED_SUBJECT, payload,
+                                                                          VLLM_WHITE_BOX), back  # fmt: skip
     assert recorded(back) == ("paged", "query-positions") and back.evidence["violations"][0]["slot"] == 8
     if importlib.util.find_spec("vllm") is None:
         assert main(["replay", str(path)]) == 2
@@ -215,7 +217,7 @@ MALFORMED = [
     ("a-list", [1, 2], "a JSON object is expected, not list"),
     ("unknown", {"hello": 1}, "is not a specaudit reproducer"),
     ("version", envelope(version=3), "reproducer version 3 is not supported (this is 2)"),
-    ("kind", envelope(kind="nope"), "reproducer kind 'nope' is none of " + ", ".join(KINDS)),
+    ("kind", envelope(kind="nope"), "reproducer kind 'nope' is none of " + ", ".join(REPRODUCER_KINDS)),
     ("payload", envelope(payload=[]), "the reproducer's payload must be a JSON object"),
     ("case", envelope(payload={"case": {"format": "specaudit-case", "version": 1}}), "missing the field 'requests'"),
     ("no-case", envelope(payload={}), "not a specaudit case"),
@@ -226,6 +228,11 @@ MALFORMED = [
     ),
     ("no-requests", {"kind": "specaudit-blackbox", "engine": "x:y"}, "black-box reproducer has no list of requests"),
     ("no-workload", envelope(kind="vllm-paged", subject={"model": "m"}, payload={}), "lacks new_tokens, prompts"),
+    (
+        "paged-no-workload",
+        envelope(kind="paged-engine", subject={"model": "m"}, payload={"engine": "vllm-white-box"}),
+        "lacks new_tokens, prompts",
+    ),
 ]
 
 

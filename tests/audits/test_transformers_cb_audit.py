@@ -56,7 +56,8 @@ def test_a_planted_bug_is_caught_as_a_paged_engine_entry_whose_reproducer_replay
     assert entry["signature"] == "kv-drift", entry["signature"]
     verdict = pickle.loads(pickle.dumps(verdict))  # as a worker process sends it back to the audit
     [path] = verdict.write_reproducers(tmp_path, "summary")
-    assert json.loads(path.read_text())["kind"] == "transformers-cb"
+    written = json.loads(path.read_text())
+    assert (written["kind"], written["payload"]["engine"]) == ("paged-engine", "transformers-cb"), written["kind"]
     assert read_workload(path) == mutant_workload(mutant.workload)
     with planted(mutant):
         again = replay(path)  # `specaudit replay FILE`

@@ -51,7 +51,7 @@ def verdict(model: torch.nn.Module, answer: tuple[int, ...], eos: int | None, cu
         with torch.no_grad():
             return greedy_oracle(model, prefix, max_new_tokens=n, eos_token_id=eos)
 
-    record = Record("cut-test", "blackbox", "calls", eos)
+    record = Record("cut-test", "black box", "calls", eos)
     record.admit(Entry(0, PROMPT, LIMIT, oracle, list(answer), 0, 0))
     found = evaluate(BLACK_BOX, OutputEvidence(record, "float32", oracle_from)).violations
     keys = ("index", "found_token", "expected_token")

@@ -55,7 +55,7 @@ def oracle(prompt: tuple[int, ...], n: int) -> OracleResult:
 
 def paged_record(trace: PagedTrace, **tokens: list[int]) -> Record:
     """Each request of the trace with what it committed (or `tokens[request]`), asked for as many."""
-    record = Record("simulated", "paged", "steps", None)
+    record = Record("simulated", "paged engine", "steps", None)
     for r, (rid, prompt) in enumerate(trace.prompts.items()):
         found = list(trace.commits[-1][rid])
         record.admit(Entry(r, prompt, len(found), oracle(prompt, len(found)), tokens.get(rid, found)))

@@ -43,7 +43,7 @@ def test_every_reader_keys_on_the_table() -> None:
     for kind in HOMES:
         assert callable(replay.replayer(kind)), kind
     assert set(reproducer.PAYLOAD_CHECKS) <= {kind.name for kind in HOMES}, reproducer.PAYLOAD_CHECKS
-    assert tuple(reproducer.KINDS) == tuple(replay.APPLIES) == REPRODUCER_KINDS
+    assert tuple(dict.fromkeys(kind.reproducer for kind in HOMES)) == REPRODUCER_KINDS
     assert report.KINDS == REPORT_KINDS
     assert [d.kind for d in DRIVERS] == [kind.name for kind in KINDS if kind.driver], [d.kind for d in DRIVERS]
     options = [f.name for f in dataclasses.fields(replay.ReplayOptions) if f.name != "quiet"]
@@ -65,12 +65,19 @@ def home(kind: SubjectKind) -> bool:
     )
 
 
+def written_file(kind: SubjectKind) -> Path:
+    """The file of `kind`'s reproducers in tests/data/subject_kinds (a kind several rows write: one per row)."""
+    shared = sum(k.reproducer == kind.reproducer for k in HOMES) > 1
+    name = reproducer.identifier(str(kind.reproducer)) + (f"_{reproducer.identifier(kind.name)}" if shared else "")
+    return DATA / f"{name}.json"
+
+
 @pytest.mark.parametrize("kind", HOMES, ids=lambda kind: kind.name)
 def test_a_file_of_each_reproducer_kind_loads_and_replays_as_its_row(
     kind: SubjectKind, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The file written before loads (payload checked), resolves to its row and goes to its row's replayer."""
-    path = DATA / f"{reproducer.identifier(str(kind.reproducer))}.json"
+    path = written_file(kind)
     loaded = load_reproducer(path)
     assert (loaded.kind, loaded.subject_kind) == (kind.reproducer, kind), loaded
     called: list[str | None] = []
@@ -79,12 +86,37 @@ def test_a_file_of_each_reproducer_kind_loads_and_replays_as_its_row(
     assert called == [kind.replayer], called
 
 
+@pytest.mark.parametrize(
+    ("kind", "before"), [(k, s) for k in KINDS for s in k.written_before], ids=lambda x: getattr(x, "name", x)
+)
+def test_a_file_of_a_kind_a_row_wrote_before_loads_as_its_row(
+    kind: SubjectKind, before: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The paged white boxes' files of their former kinds (`vllm-paged`, `transformers-cb`) load as
+    today's kind, naming their row, with the same workload, and replay through the row's replayer."""
+    path = DATA / f"{reproducer.identifier(before)}.json"
+    loaded, now = load_reproducer(path), load_reproducer(written_file(kind))
+    assert (loaded.kind, loaded.subject_kind, loaded.legacy) == (kind.reproducer, kind, before), loaded
+    assert (loaded.payload, loaded.subject, loaded.evidence) == (now.payload, now.subject, now.evidence)
+    called: list[str | None] = []
+    monkeypatch.setattr(replay, "replayer", lambda row: lambda r, options: called.append(row.replayer))
+    replay.replay(path)
+    assert called == [kind.replayer], called
+
+
+def test_a_paged_engine_file_naming_no_paged_row_is_refused(tmp_path: Path) -> None:
+    data = json.loads(written_file(subjects.TRANSFORMERS_CB).read_text())
+    (tmp_path / "x.json").write_text(json.dumps(data | {"payload": {**data["payload"], "engine": "sglang"}}))
+    with pytest.raises(UsageError, match="names its engine, one of vllm-white-box, transformers-cb; it names 'sglang'"):
+        load_reproducer(tmp_path / "x.json")
+
+
 @pytest.mark.parametrize("kind", HOMES, ids=lambda kind: kind.name)
 def test_each_kind_takes_its_rows_replay_options(kind: SubjectKind) -> None:
     """An option its row does not list is refused, naming the kind as the row's noun does."""
     refused = next(option for option in subjects.REPLAY_OPTIONS if option not in kind.replay)
     with pytest.raises(UsageError, match=f"is {kind.noun} \\(kind {kind.reproducer}\\): --{refused} does not apply"):
-        replay.replay(DATA / f"{reproducer.identifier(str(kind.reproducer))}.json", **{refused: "x"})
+        replay.replay(written_file(kind), **{refused: "x"})
 
 
 TOY = SubjectKind("toy-engine", subjects.EVIDENCE_BLACK_BOX, "toy-engine", None, ("target",),
@@ -141,17 +173,32 @@ def test_a_reproducer_of_a_kind_no_row_writes_is_refused(tmp_path: Path) -> None
 def test_the_table_check_sees_each_problem() -> None:
     """The import-time check: a name twice, unknown evidence and replay options, a row writing
     nothing, a row sharing another's reproducers with other options and no replayer (two problems),
-    a row writing reproducers that names no replayer."""
+    a row writing reproducers that names no replayer, a row claiming another's former kind (a row
+    sharing the paged kind with its own replayer is fine: its payload names it)."""
     rows = (
         *KINDS,
         SubjectKind("decoder", "decoder", None, "x", (), "again"),
         SubjectKind("odd", "nothing", None, None, ("flag",), "odd"),
         SubjectKind("vllm-too", "black box", "blackbox", "y", (), "a black box"),
         SubjectKind("unplayable", "black box", "unplayable", None, (), "an unplayable one"),
+        SubjectKind(
+            "sglang",
+            "paged engine",
+            "paged-engine",
+            None,
+            (),
+            "an SGLang one",
+            subjects.PAGED_PAYLOAD,
+            "m:f",
+            written_before=("vllm-paged",),
+        ),  # fmt: skip
     )
     problems = subjects.check(rows)
-    assert len(problems) == 7 and subjects.check(KINDS) == [], problems
-    assert ["names two rows" in p for p in problems] == [True, False, False, False, False, False, False], problems
+    assert len(problems) == 9 and subjects.check(KINDS) == [], problems
+    assert [p for p in problems if p.startswith("sglang")] == [
+        "sglang: 'vllm-paged', written before, is another row's kind too"
+    ], problems
+    assert ["names two rows" in p for p in problems] == [True] + [False] * 8, problems
     assert "unplayable: writes reproducers; its replayer None is no module:function" in problems, problems
     with pytest.raises(ValueError, match="'nope' is no subject kind"):
         subjects.named("nope")

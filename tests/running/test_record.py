@@ -61,3 +61,14 @@ def test_a_black_box_divergence_is_phrased_as_a_decoders() -> None:
     assert (v.check, v.rule, v.request) == ("equivalence", "first-divergence", 0), v
     assert v.found.startswith(f"token {(right[0][-1] + 1) % VOCAB_SIZE} at index 3") and "partial match 0.75" in v.found
     assert v.expected == f"token {right[0][-1]} at index 3 like the batch-size-1 oracle", v.expected
+
+
+def test_a_record_is_of_one_evidence_kind() -> None:
+    """A record's kind is a registry evidence name (`contracts.subjects.EVIDENCE`), not a fifth vocabulary."""
+    import pytest
+
+    from specaudit.running.record import Record
+
+    assert Record("x", "paged engine", "steps", None).kind == "paged engine"
+    with pytest.raises(ValueError, match="a record of 'blackbox': the evidence kinds are decoder, engine"):
+        Record("x", "blackbox", "calls", None)

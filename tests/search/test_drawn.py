@@ -55,3 +55,22 @@ def test_no_budget_left_judges_nothing_and_a_flaky_failure_is_kept_with_the_erro
     assert drawn_search(st.integers(0, 9), judge, examples=5, seed=0, seconds=0.0).failure is None and not calls
     found = drawn_search(st.integers(0, 9), judge, examples=5, seed=0)  # fails once, never again: Flaky
     assert found.failure is not None and found.failure.workload == calls[0] and found.error is not None
+
+
+def test_fixed_workloads_are_judged_first_and_count_among_the_examples() -> None:
+    """`first` reaches what the draws may miss: judged before any draw, within `examples`. One that
+    fails is kept, unshrunk, unless a draw fails the same way: that draw is shrunk in its place."""
+    calls: list[int] = []
+
+    def judge(n: int, shrinking: bool) -> tuple[list[Violation] | None, None]:
+        calls.append(n)
+        return ([kv(1.0)] if n == -7 or n >= 5 else None), None
+
+    assert drawn_search(st.integers(0, 4), judge, examples=3, seed=0, first=[-1, -2]).failure is None
+    assert calls[:2] == [-1, -2] and len(calls) == 3 and 0 <= calls[2] <= 4
+    calls.clear()
+    found = drawn_search(st.integers(0, 4), judge, examples=3, seed=0, first=[-7, -1])
+    assert found.failure is not None and found.failure.workload == -7 and calls[:1] == [-7] and -1 not in calls
+    found = drawn_search(st.integers(0, 100), judge, examples=50, seed=0, first=[-7])
+    assert found.failure is not None and found.failure.workload == 5, found  # a draw of the same failure, shrunk
+    assert drawn_search(st.integers(0, 4), judge, examples=1, seed=0, first=[-1, -2]).failure is None

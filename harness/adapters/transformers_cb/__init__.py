@@ -19,7 +19,7 @@ registry entry (`checks.registry.PAGED`). Neither engine's adapter imports the o
 | `strategies` | `cb_workloads`, the Hypothesis strategy |
 | `exercised`, `report` | coverage and preemptions; report entries of kind "paged engine" |
 | `hypothesis_search` | `search`: Hypothesis over `cb_workloads`, a new failure shrunk |
-| `reproducer` | a failure written as a `transformers-cb` reproducer; `replay_workload` runs it again |
+| `reproducer` | a failure written as a paged-engine reproducer; `replay_workload` runs it again |
 
 The planted bugs are `specaudit.reference.transformers_cb_mutants`; `make audit` runs this engine
 through `specaudit.audits.transformers_cb`.
@@ -33,7 +33,7 @@ from specaudit.adapters.transformers_cb.layout import Layout, packed
 from specaudit.adapters.transformers_cb.models import continuation, engine_model, likely_tokens, oracle_model
 from specaudit.adapters.transformers_cb.observer import CbObserver
 from specaudit.adapters.transformers_cb.report import report_entry, search_entry
-from specaudit.adapters.transformers_cb.reproducer import read_workload, replay_workload, write_reproducer
+from specaudit.adapters.transformers_cb.reproducer import read_workload, replay_json, replay_workload, write_reproducer
 from specaudit.adapters.transformers_cb.strategies import cb_workloads
 from specaudit.adapters.transformers_cb.verdict import (
     CbVerdict,
@@ -83,6 +83,7 @@ __all__ = [
     "packed",
     "preemptions",
     "read_workload",
+    "replay_json",
     "replay_workload",
     "report_entry",
     "run_workload",

@@ -18,6 +18,7 @@ from specaudit.adapters.transformers_cb.driver import CbRun
 from specaudit.adapters.transformers_cb.models import oracle_model
 from specaudit.adapters.transformers_cb.workload import ENGINE
 from specaudit.checks.registry import PAGED, Evaluation, evaluate
+from specaudit.contracts.subjects import EVIDENCE_PAGED
 from specaudit.contracts.violation import Violation
 from specaudit.reference.oracle import OracleResult, answer_oracles, greedy_oracle, reference_kv
 from specaudit.running.paged import PagedRun
@@ -74,7 +75,7 @@ def output_record(run: CbRun, target: torch.nn.Module) -> Record:
     wanted = [(r.prompt, run.answers.get(r.id) or (), r.max_new_tokens) for r in w.requests]
     with torch.no_grad():
         oracles = answer_oracles(target, wanted, eos, cut=True)
-    record = Record(f"{ENGINE}:{w.entry}", "engine", "steps", eos)
+    record = Record(f"{ENGINE}:{w.entry}", EVIDENCE_PAGED, "steps", eos)
     for i, (r, oracle) in enumerate(zip(w.requests, oracles)):
         incarnations = trace.incarnations_of(r.id)
         retired = max((trace.left.get(t, 0) for t in incarnations), default=None)

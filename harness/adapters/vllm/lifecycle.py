@@ -22,7 +22,8 @@ from typing import Any
 from specaudit.contracts.errors import UsageError
 
 HOST = "127.0.0.1"
-SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
+SERVER_LENGTH = 224  # the longest prompt and output a request may have (`adapters.vllm.server.SERVER_BLOCKS`)
+SERVER_ARGS = ("--dtype", "float32", "--max-model-len", str(SERVER_LENGTH), "--max-num-seqs", "8", "--enforce-eager",
                "--seed", "0", "--enable-prompt-tokens-details")  # fmt: skip
 """`--enable-prompt-tokens-details`: each completion's usage reports its cached prompt tokens (judged by
 `engine_blackbox.usage_violation`)."""

@@ -78,10 +78,15 @@ class ConfigurationOutcome:
         return self.speculative is not None and self.counts.accepted <= 0
 
     @property
+    def sampling_preemptions(self) -> float:
+        """The server's preemptions during the sampling black box (0: it did not run)."""
+        return float(((self.sampling or {}).get("counts") or {}).get("preemptions", 0.0))
+
+    @property
     def unexercised(self) -> list[str]:
-        """The server's features (`server.SERVER_BLOCK`, prefix caching) its requests never reached,
-        by its own counters: a pass there says nothing of them."""
-        out = ["a preemption"] if self.counts.preemptions <= 0 else []
+        """The server's features (`server.SERVER_BLOCK`, prefix caching) its requests, greedy or
+        sampled, never reached, by its own counters: a pass there says nothing of them."""
+        out = ["a preemption"] if self.counts.preemptions + self.sampling_preemptions <= 0 else []
         return out + (["a prefix-cache hit"] if self.counts.prefix_hits <= 0 else [])
 
     @property
@@ -145,7 +150,8 @@ def render_markdown(outcomes: Sequence[ConfigurationOutcome], header: str = "") 
     lines = ["# specaudit audit-vllm", ""] + ([header, ""] if header else [])
     lines += [
         "| model | configuration | black box | exact | partial | in flight (overlapped / peak) | drafted | accepted "
-        "| acceptance | preempted | startup s | engine s | oracle s | sampling | tokens | KS / bound | acceptance | s "
+        "| acceptance | preempted (greedy / sampling) | startup s | engine s | oracle s | sampling | tokens "
+        "| KS / bound | acceptance | s "
         "| white box | drawn | preempted | drafts verified | acceptance | ragged | s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -155,7 +161,8 @@ def render_markdown(outcomes: Sequence[ConfigurationOutcome], header: str = "") 
         lines.append(
             f"| {o.model} | {o.configuration} | {verdict} | {o.exact_match:.2f} | {o.partial_match:.2f} | "
             f"{o.overlapped} of {o.requests} / {o.peak_in_flight} | {o.counts.drafted:g} | {o.counts.accepted:g} | "
-            f"{rate} | {o.counts.preemptions:g} | {o.startup_s:.1f} | {o.engine_s:.1f} | {o.oracle_s:.1f} | "
+            f"{rate} | {o.counts.preemptions:g} / {o.sampling_preemptions:g} | {o.startup_s:.1f} | "
+            f"{o.engine_s:.1f} | {o.oracle_s:.1f} | "
             f"{sampling_cells(o.sampling)} | {whitebox_cells(o.whitebox)} |"
         )
     lines += ["", IN_FLIGHT, "", SAMPLING_NOTE, "", WHITEBOX_NOTE] + notes_of(outcomes)

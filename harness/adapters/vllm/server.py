@@ -22,17 +22,20 @@ from typing import Any
 
 from specaudit.adapters.vllm.drafts import DRAFTS_ENV
 from specaudit.adapters.vllm.observer import NGRAM
-from specaudit.adapters.vllm.whitebox import SMALL_BLOCK, EngineOptions
+from specaudit.adapters.vllm.whitebox import FIRST_TOKEN, SMALL_BLOCK, EngineOptions
 from specaudit.config.settings import VLLM_CONFIGURATIONS
 from specaudit.contracts.errors import UsageError
 from specaudit.reference.vllm_mutants import CPU_EXPAND, CPU_REWIND, WORKAROUNDS_ENV
 
 DRAFT_TOKENS = 4
 SELF_DRAFT_TOKENS = 5
-SERVER_BLOCKS = 20
-"""The black box's server KV cache, in blocks of 32: 19 after vLLM's null block, 608 tokens, room
-for one request of `--max-model-len 512`; eight requests in flight of up to 122 tokens need 32, so
-vLLM preempts and recomputes requests under the black box too."""
+SERVER_BLOCKS = 8
+"""The black box's server KV cache, in blocks of 32: 7 after vLLM's null block, 224 tokens, room
+for one request of `--max-model-len` (`lifecycle.SERVER_LENGTH`). The sampling black box keeps the
+server at `--max-num-seqs` (64 requests of the full `--max-new-tokens`, no stop), whose requests
+need more than twice that, so vLLM preempts and recomputes requests under the black box without
+timing luck (23 and 28 preemptions in the smoke's two configurations; 20 blocks, and the greedy
+requests, which EOS and stop strings end early, reached none)."""
 SERVER_BLOCK = ("--block-size", str(SMALL_BLOCK), "--num-gpu-blocks-override", str(SERVER_BLOCKS))
 SERVER_BATCH_TOKENS = 64
 SERVER_CHUNK = ("--max-num-batched-tokens", str(SERVER_BATCH_TOKENS))
@@ -61,7 +64,6 @@ draft model; K 7 (vLLM fixes K when it builds the engine; each workload's is dra
 BLACKBOX_LENGTHS = (8, 31, 33, 47, 64, 65, 90)
 """Prompt lengths of the black box around the server's block boundaries (32, 64, 96): with up to
 `--max-new-tokens` more, every request's context crosses at least one boundary."""
-FIRST_ID = 4  # past the tiny Llama's specials
 
 
 def boundary_prompts(vocab: int, requests: int, seed: int) -> list[list[int]]:
@@ -72,7 +74,7 @@ def boundary_prompts(vocab: int, requests: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     prompts: list[list[int]] = []
     for i in range(requests):
-        motif = [rng.randrange(FIRST_ID, vocab) for _ in range(rng.randint(2, 5))]
+        motif = [rng.randrange(FIRST_TOKEN, vocab) for _ in range(rng.randint(2, 5))]
         length = BLACKBOX_LENGTHS[i % len(BLACKBOX_LENGTHS)]
         prompt = (motif * (length // len(motif) + 1))[:length]
         donors = [p for p in prompts if len(p) >= SMALL_BLOCK]

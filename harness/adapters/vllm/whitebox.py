@@ -28,6 +28,7 @@ import torch
 from specaudit.adapters.vllm.drafts import DraftShape, drafts_shaped
 from specaudit.checks.registry import PAGED, evaluate
 from specaudit.contracts.errors import UsageError
+from specaudit.contracts.subjects import EVIDENCE_PAGED
 from specaudit.contracts.violation import Violation
 from specaudit.running.paged import PagedRun, PagedTrace
 from specaudit.search.drawn import drawn_search
@@ -35,6 +36,7 @@ from specaudit.search.drawn import drawn_search
 SMALL_BLOCK = 32
 """The smallest block size vLLM's CPU attention takes (`MultipleOf(32)`; 16 is refused there)."""
 NGRAM_LOOKUP = {"prompt_lookup_max": 3, "prompt_lookup_min": 1}
+FIRST_TOKEN = 4  # past the tiny Llama's specials
 RAGGED_FLOOR = 0.05
 """A speculative configuration whose verify steps with several drafting requests rarely accept
 different counts never exercised per-request acceptance: it is flagged."""
@@ -211,7 +213,7 @@ def output_record(observed: Observed, workload: Workload, target: torch.nn.Modul
     ]
     with torch.no_grad():
         oracles = answer_oracles(target, wanted, workload.eos, cut=True)
-    record = Record("vllm", "paged", "steps", workload.eos)
+    record = Record("vllm", EVIDENCE_PAGED, "steps", workload.eos)
     for i, (rid, r) in enumerate(zip(workload.ids, workload.requests)):
         tokens = list(observed.outputs.get(rid, ()))
         entry = Entry(i, r.prompt, r.max_tokens, oracles[i], tokens, r.arrival, observed.left.get(rid))
@@ -301,11 +303,14 @@ class Features:
     @staticmethod
     def enabled(options: EngineOptions) -> tuple[str, ...]:
         """The features the engine's settings turn on: a small token budget chunks, a small cache
-        preempts, prefix caching hits, speculation accepts runs."""
+        preempts, prefix caching hits, speculation accepts runs (the last two only where a request
+        can outgrow a block: not with vLLM's CPU block of 128 at a `max_model_len` of 128)."""
+        crossable = options.block_size < options.max_model_len  # a full block with a token after it fits
         on = {"chunked prefills": options.max_num_batched_tokens is not None,
               "preemptions": options.kv_blocks is not None,
-              "prefix hits in the step": options.prefix_caching, "prefix hits across steps": options.prefix_caching,
-              "accepted runs crossing a block": options.method != "none"}  # fmt: skip
+              "prefix hits in the step": options.prefix_caching and crossable,
+              "prefix hits across steps": options.prefix_caching and crossable,
+              "accepted runs crossing a block": options.method != "none" and crossable}  # fmt: skip
         return tuple(f for f in FEATURES if on[f])
 
     def unexercised(self, options: EngineOptions) -> list[str]:
@@ -380,7 +385,7 @@ def workloads(shape: Shape) -> Any:
 
     @st.composite
     def draw_workload(draw: st.DrawFn) -> Workload:
-        motif = st.lists(st.integers(4, shape.vocab - 1), min_size=1, max_size=4)
+        motif = st.lists(st.integers(FIRST_TOKEN, shape.vocab - 1), min_size=1, max_size=4)
         motifs = draw(st.lists(motif, min_size=1, max_size=3))
         planned: list[PlannedRequest] = []
         for _ in range(draw(st.integers(1, shape.max_requests))):
@@ -392,6 +397,26 @@ def workloads(shape: Shape) -> Any:
         return Workload(tuple(planned), eos, draw(st.integers(1, shape.max_k)) if shape.max_k else None)
 
     return draw_workload()
+
+
+def tour(shape: Shape, options: EngineOptions) -> Workload:
+    """The fixed workload judged before the draws (`search.drawn`), built to reach every feature
+    the engine enables, which a handful of draws may all miss: two identical prompts of a full block
+    and two tokens arriving together (a prefix hit in the step), the same prompt at step 3 (across
+    steps), a prompt longer than a step's token budget (chunked), each with as many tokens as
+    `max_model_len` leaves (runs crossing blocks; together more blocks than a small cache holds, so
+    requests are preempted)."""
+    room = options.max_model_len - options.k - 1  # vLLM holds K slots past the context for the drafts
+    motif = [FIRST_TOKEN + i % (shape.vocab - FIRST_TOKEN) for i in (7, 3, 11)]
+    shared = tuple((motif * room)[: min(options.block_size + 2, room // 2)])
+    budget = options.max_num_batched_tokens or options.block_size
+    chunked = tuple(reversed((motif * room)[: min(budget + 8, room - 8)]))
+
+    def request(prompt: tuple[int, ...], arrival: int, name: str) -> PlannedRequest:
+        return PlannedRequest(prompt, arrival, min(shape.max_tokens, room - len(prompt)), name=name)
+
+    requests = (request(shared, 0, "a0"), request(shared, 0, "a1"), request(chunked, 1, "c"), request(shared, 3, "a2"))
+    return Workload(requests, None, shape.max_k or None)
 
 
 def draw_prompt(
@@ -534,7 +559,8 @@ def search(
     the minimal workload."""
     start = time.monotonic()
     probe = Probe(llm, probe_target, reference, result)
-    found = drawn_search(workloads(shape), probe, examples, seed, 60.0 * minutes, keep=clear_margin)
+    found = drawn_search(workloads(shape), probe, examples, seed, 60.0 * minutes, keep=clear_margin,
+                         first=[tour(shape, result.options)])  # fmt: skip
     if found.failure is None and found.error is not None:
         raise found.error
     if found.error is not None:
@@ -563,15 +589,18 @@ def resolve_model(name: str | None) -> str | None:
     return None if name is None else str(resolve(name))
 
 
-def observe_in_process(model: str, draft: str | None, payload: dict[str, Any]) -> WhiteBoxResult:
-    """A reproducer's workload (prompts, arrival and abort steps, tokens per request, a stop token,
-    the engine's settings) through an in-process `vllm.LLM`, judged like a drawn one. Run with the
-    vLLM venv's python (`VLLM_ENABLE_V1_MULTIPROCESSING=0` is set before vLLM is imported)."""
+def observe_in_process(
+    model: str, draft: str | None, payload: dict[str, Any], settings: dict[str, Any] | None = None
+) -> WhiteBoxResult:
+    """A workload (`Workload.to_payload`: prompts, arrival and abort steps, tokens per request, a
+    stop token) through an in-process `vllm.LLM` built with the engine's `settings` (`EngineOptions`;
+    None: ngram, or a draft model when one is given), judged like a drawn one. Run with the vLLM
+    venv's python (`VLLM_ENABLE_V1_MULTIPROCESSING=0` is set before vLLM is imported)."""
     from specaudit.adapters.vllm.observer import build_llm, hf_kv_reference
 
     path, draft_path = resolve_model(model), resolve_model(draft)
     assert path is not None
-    options = EngineOptions.from_json(payload.get("engine")) if payload.get("engine") else EngineOptions(
+    options = EngineOptions.from_json(settings) if settings else EngineOptions(
         method="ngram" if draft_path is None else "draft", k=3 if draft_path is None else 4)  # fmt: skip
     llm = build_llm(path, options.speculative(path, draft_path), **options.engine_args())
     target = load_target(path)
@@ -595,12 +624,14 @@ def load_target(path: str) -> torch.nn.Module:
 
 
 def write_failure(directory: Path, result: WhiteBoxResult) -> Path:
-    """`DIR/vllm-paged-<method>.json`: a reproducer `specaudit replay` runs again (with vLLM installed)."""
+    """`DIR/vllm-paged-<method>.json`: a paged-engine reproducer `specaudit replay` runs again (with vLLM installed)."""
     from specaudit.artifacts.reproducer import paged_reproducer, save
+    from specaudit.contracts.subjects import VLLM_WHITE_BOX
 
     assert result.workload is not None
-    payload = result.workload.to_payload() | {"engine": result.options.to_json()}
     subject = {k: result.subject[k] for k in ("model", "draft", "speculative") if k in result.subject}
-    path = save(directory, f"vllm-paged-{result.options.method}", paged_reproducer(subject, payload, result.violations))
+    found = paged_reproducer(VLLM_WHITE_BOX, subject, result.workload.to_payload(), result.violations,
+                             settings=result.options.to_json())  # fmt: skip
+    path = save(directory, f"vllm-paged-{result.options.method}", found)
     result.reproducer = str(path)
     return path
