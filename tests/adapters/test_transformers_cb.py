@@ -15,7 +15,6 @@ blocks needs.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
@@ -196,10 +195,11 @@ def test_a_shrunk_failure_replays_from_disk(tmp_path: Path) -> None:
 
 
 def test_a_reproducer_of_another_kind_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "other.json"
-    path.write_text(json.dumps({"format": "specaudit-reproducer", "version": 2, "kind": "vllm-paged", "payload": {}}))
-    with pytest.raises(UsageError, match="vllm-paged"):
-        read_workload(path)
+    """Another paged engine's reproducer, of the kind both write now or of vLLM's former kind: named as it is."""
+    data = Path(__file__).resolve().parents[1] / "data" / "subject_kinds"
+    for name, kind in (("paged_engine_vllm_white_box.json", "paged-engine"), ("vllm_paged.json", "vllm-paged")):
+        with pytest.raises(UsageError, match=f"a vLLM white-box reproducer \\(kind {kind}\\), expected a transformers"):
+            read_workload(data / name)
 
 
 # ---------------------------------------------------------------------------------------

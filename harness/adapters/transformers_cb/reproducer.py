@@ -60,8 +60,8 @@ def _workload_part(data: Any, path: Path) -> dict[str, Any]:
     if isinstance(data, dict) and data.get("format") == ENVELOPE_FORMAT:
         reproducer = load_reproducer(path)
         if reproducer.subject_kind is not TRANSFORMERS_CB:
-            raise UsageError(f"{path}: {reproducer.subject_kind.noun} (kind {reproducer.kind}), expected "
-                             f"{TRANSFORMERS_CB.noun}")  # fmt: skip
+            raise UsageError(f"{path}: {reproducer.subject_kind.noun} (kind {reproducer.legacy or reproducer.kind}), "
+                             f"expected {TRANSFORMERS_CB.noun}")  # fmt: skip
         data = reproducer.payload["workload"]
     if not isinstance(data, dict) or "requests" not in data:
         raise UsageError(f"{path}: expected a {TRANSFORMERS_CB.noun} or a workload with requests")
