@@ -38,10 +38,10 @@ from specaudit.adapters.vllm.models import model_directories
 from specaudit.adapters.vllm.report import ConfigurationOutcome, from_report, write_reports
 from specaudit.adapters.vllm.server import (
     BLACKBOX_LENGTHS,
-    SERVER_BLOCK,
     SERVER_CHUNK,
     boundary_prompts,
     sampling_size,
+    server_block,
     server_env,
     speculative_config,
     whitebox_arguments,
@@ -83,7 +83,7 @@ def blackbox_configuration(
     out = settings.out / f"{model}-{configuration}"
     start = time.monotonic()
     say(f"{model} / {configuration}: starting vLLM on {url} (log {out / 'server.log'})")
-    command = server_command(settings.python, target, port, spec) + [*SERVER_BLOCK, *SERVER_CHUNK]
+    command = server_command(settings.python, target, port, spec) + [*server_block(model), *SERVER_CHUNK]
     try:
         env = {**SERVER_ENV, **server_env(configuration), **workaround_env(),
                **({PLANT_ENV: settings.plant} if settings.plant else {})}  # fmt: skip

@@ -30,10 +30,11 @@ from specaudit.adapters.vllm.report import (
 from specaudit.adapters.vllm.server import (
     BLACKBOX_LENGTHS,
     DISAGREE,
-    SERVER_BLOCK,
+    SERVER_BLOCKS,
     WHITEBOX,
     boundary_prompts,
     sampling_size,
+    server_block,
     server_env,
     speculative_config,
     whitebox_arguments,
@@ -267,10 +268,12 @@ def test_the_blackbox_server_cache_holds_one_longest_request_but_not_the_sampled
     block); the sampling black box's requests run to their limits, and `--max-num-seqs` of them need
     more than twice the cache's blocks, so the server preempts and recomputes requests whatever
     the timing (CI's 8 greedy requests of 24 tokens, the full audit's 16 of 32)."""
-    blocks = int(SERVER_BLOCK[SERVER_BLOCK.index("--num-gpu-blocks-override") + 1])
-    size = int(SERVER_BLOCK[SERVER_BLOCK.index("--block-size") + 1])
+    block = server_block("tiny")
+    blocks = int(block[block.index("--num-gpu-blocks-override") + 1])
+    size = int(block[block.index("--block-size") + 1])
     length = int(SERVER_ARGS[SERVER_ARGS.index("--max-model-len") + 1])
     assert (blocks - 1) * size >= length, f"{blocks} blocks of {size} cannot hold one request of {length}"
+    assert set(SERVER_BLOCKS) == set(VllmAuditSettings().models) and min(SERVER_BLOCKS.values()) == blocks
     assert length >= max(BLACKBOX_LENGTHS) + VllmAuditSettings().max_new_tokens
     prompts, _ = sampling_size(requests)
     needed = [-(-(len(p) + tokens) // size) for p in boundary_prompts(512, prompts, seed=0)]

@@ -138,13 +138,13 @@ def test_planted_stop_and_order_bugs_of_the_served_front_end(model: Path, tmp_pa
     unpatched, the black box passes; each planted front-end bug fails it with the catalog's rule only."""
     from specaudit.adapters.transports import audit_server
     from specaudit.adapters.vllm.lifecycle import SERVER_ENV, free_port, server_command, serving
-    from specaudit.adapters.vllm.server import SELF_DRAFT_TOKENS, SERVER_BLOCK, boundary_prompts, workaround_env
+    from specaudit.adapters.vllm.server import SELF_DRAFT_TOKENS, boundary_prompts, server_block, workaround_env
     from specaudit.reference.vllm_mutants import PLANT_ENV
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     spec = {"method": "draft_model", "model": str(model), "num_speculative_tokens": SELF_DRAFT_TOKENS}
-    command = server_command(sys.executable, model, port, spec) + list(SERVER_BLOCK)
+    command = server_command(sys.executable, model, port, spec) + list(server_block("tiny"))
     env = {**SERVER_ENV, **workaround_env(), PLANT_ENV: mutant.name if mutant else ""}
     with serving(command, url, tmp_path / "server.log", 900.0, env):
         result = audit_server(url, str(model), boundary_prompts(512, SERVED_PROMPTS, 0), max_new_tokens=SERVED_LIMIT,

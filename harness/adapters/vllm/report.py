@@ -84,7 +84,7 @@ class ConfigurationOutcome:
 
     @property
     def unexercised(self) -> list[str]:
-        """The server's features (`server.SERVER_BLOCK`, prefix caching) its requests, greedy or
+        """The server's features (`server.server_block`, prefix caching) its requests, greedy or
         sampled, never reached, by its own counters: a pass there says nothing of them."""
         out = ["a preemption"] if self.counts.preemptions + self.sampling_preemptions <= 0 else []
         return out + (["a prefix-cache hit"] if self.counts.prefix_hits <= 0 else [])

@@ -29,14 +29,22 @@ from specaudit.reference.vllm_mutants import CPU_EXPAND, CPU_REWIND, WORKAROUNDS
 
 DRAFT_TOKENS = 4
 SELF_DRAFT_TOKENS = 5
-SERVER_BLOCKS = 8
-"""The black box's server KV cache, in blocks of 32: 7 after vLLM's null block, 224 tokens, room
-for one request of `--max-model-len` (`lifecycle.SERVER_LENGTH`). The sampling black box keeps the
-server at `--max-num-seqs` (64 requests of the full `--max-new-tokens`, no stop), whose requests
-need more than twice that, so vLLM preempts and recomputes requests under the black box without
-timing luck (23 and 28 preemptions in the smoke's two configurations; 20 blocks, and the greedy
-requests, which EOS and stop strings end early, reached none)."""
-SERVER_BLOCK = ("--block-size", str(SMALL_BLOCK), "--num-gpu-blocks-override", str(SERVER_BLOCKS))
+SERVER_BLOCKS = {"tiny": 8, "smollm2": 20}
+"""The black box's server KV cache per served model, in blocks of 32 (one of them vLLM's null
+block), room for one request of `--max-model-len` (`lifecycle.SERVER_LENGTH`, 224 tokens). On the
+tiny Llama the sampling black box keeps the server at `--max-num-seqs` with requests that run to
+their limits and need more than twice 7 blocks, so vLLM preempts and recomputes requests whatever
+the timing (24 and 31 preemptions in the smoke; 99 to 231 in the full audit, greedy 2 to 5; with
+20 blocks it never preempted). SmolLM2's requests are slower: at 8 blocks, under load, one of its
+draft configuration's sampling requests was starved past the 300 s request timeout, so it keeps
+20 (preempted 1 to 3 times a configuration at 20 on 6 Dec; at 8, greedy 2 to 3, sampling 37 to 43)."""
+
+
+def server_block(model: str) -> tuple[str, ...]:
+    """The block size and KV cache of a served model's server (`SERVER_BLOCKS`)."""
+    return ("--block-size", str(SMALL_BLOCK), "--num-gpu-blocks-override", str(SERVER_BLOCKS[model]))
+
+
 SERVER_BATCH_TOKENS = 64
 SERVER_CHUNK = ("--max-num-batched-tokens", str(SERVER_BATCH_TOKENS))
 """The black box's server token budget per step: prompts of 65 and 90 tokens, and steps where
