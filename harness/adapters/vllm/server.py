@@ -34,8 +34,8 @@ SERVER_BLOCKS = {"tiny": 8, "smollm2": 20}
 block), room for one request of `--max-model-len` (`lifecycle.SERVER_LENGTH`, 224 tokens). On the
 tiny Llama the sampling black box keeps the server at `--max-num-seqs` with requests that run to
 their limits and need more than twice 7 blocks, so vLLM preempts and recomputes requests whatever
-the timing (24 and 31 preemptions in the smoke; 99 to 231 in the full audit, greedy 2 to 5; with
-20 blocks it never preempted). SmolLM2's requests are slower: at 8 blocks, under load, one of its
+the timing (24 and 31 preemptions in the smoke; 99 to 231 in the full audit, greedy 2 to 5; at
+20 blocks its greedy black box never preempted). SmolLM2's requests are slower: at 8 blocks, under load, one of its
 draft configuration's sampling requests was starved past the 300 s request timeout, so it keeps
 20 (preempted 1 to 3 times a configuration at 20 on 6 Dec; at 8, greedy 2 to 3, sampling 37 to 43)."""
 
